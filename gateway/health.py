@@ -1,0 +1,73 @@
+"""Liveness, readiness and the list of served models."""
+
+from __future__ import annotations
+
+import redis
+from flask import Blueprint, jsonify
+from pydantic import BaseModel
+from spectree import Response
+
+from gateway.extensions import fleet
+from gateway.openapi import ErrorBody, api_spec
+
+bp = Blueprint("health", __name__)
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: str = "model"
+    ready_workers: int
+    queued: int
+    running: int
+
+
+class ModelList(BaseModel):
+    object: str = "list"
+    data: list[ModelCard]
+
+
+def _worker_max_age_s() -> float:
+    return 3 * fleet.settings.worker_heartbeat_s
+
+
+@bp.get("/healthz")
+def healthz():
+    """The gateway process is alive (it does not look at Redis or workers)."""
+    return jsonify(status="ok")
+
+
+@bp.get("/readyz")
+def readyz():
+    """Redis is reachable and at least one worker has its model loaded."""
+    try:
+        fleet.queue.redis.ping()
+        ready = {
+            m: fleet.queue.ready_workers(m, _worker_max_age_s()) for m in fleet.served_models()
+        }
+    except redis.RedisError as exc:
+        return jsonify(status="unavailable", reason=f"redis unreachable: {exc}"), 503
+    if not any(ready.values()):
+        return jsonify(
+            status="unavailable", reason="no worker has its model loaded", workers=ready
+        ), 503
+    return jsonify(status="ready", workers=ready)
+
+
+@bp.get("/v1/models")
+@api_spec.validate(
+    resp=Response(HTTP_200=ModelList, HTTP_503=ErrorBody), tags=["models"], skip_validation=True
+)
+def list_models():
+    """Models this fleet serves, with their ready workers and backlog."""
+    cards = []
+    for model in fleet.served_models():
+        backlog = fleet.queue.backlog(model)
+        cards.append(
+            ModelCard(
+                id=model,
+                ready_workers=fleet.queue.ready_workers(model, _worker_max_age_s()),
+                queued=backlog.undelivered,
+                running=backlog.pending,
+            )
+        )
+    return jsonify(ModelList(data=cards).model_dump())

@@ -1,0 +1,120 @@
+"""``/v1/jobs``: submit a prompt, get a job id at once, poll (or wait) for the result."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from flask import Blueprint, jsonify, request, url_for
+from spectree import Response
+
+from gateway.errors import APIError
+from gateway.extensions import fleet
+from gateway.openapi import ErrorBody, api_spec
+from shared.jobs import Job, JobCreate, is_job_id
+
+bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
+
+MAX_WAIT_S = 60
+_PREFER_WAIT = re.compile(r"(?:^|[,;]\s*)wait(?:=(\d+))?\s*(?:$|[,;])", re.IGNORECASE)
+
+
+@bp.post("")
+@api_spec.validate(
+    json=JobCreate,
+    resp=Response(
+        HTTP_200=Job,
+        HTTP_202=Job,
+        HTTP_400=ErrorBody,
+        HTTP_413=ErrorBody,
+        HTTP_415=ErrorBody,
+        HTTP_422=ErrorBody,
+        HTTP_503=ErrorBody,
+    ),
+    tags=["jobs"],
+    skip_validation=True,
+)
+def create_job():
+    """Submit a job.
+
+    Answers 202 with the queued job and its Location. With `Prefer: wait=N` (N <= 60) the
+    request is held until the job ends (200) or N seconds pass (202, the job as it stands).
+    """
+    wait_s = _prefer_wait()
+    body = JobCreate.model_validate(
+        _json_body(), context={"max_new_tokens_limit": fleet.settings.max_new_tokens_limit}
+    )
+    model = body.model or fleet.settings.served_model
+    if model not in fleet.served_models():
+        raise APIError(
+            422,
+            "model_not_found",
+            f"model '{model}' is not served here; see GET /v1/models",
+            param="model",
+        )
+    job = fleet.queue.submit(model, body.job_input(), body.metadata)
+    if wait_s:
+        job = fleet.waiter.wait(job.id, wait_s, lambda: fleet.queue.get(job.id)) or job
+    return _job_response(job, 200 if job.status.terminal else 202, wait_s)
+
+
+@bp.get("/<job_id>")
+@api_spec.validate(
+    resp=Response(HTTP_200=Job, HTTP_404=ErrorBody), tags=["jobs"], skip_validation=True
+)
+def get_job(job_id: str):
+    """Read a job. Finished jobs are kept RESULT_TTL_S seconds, then 404."""
+    job = fleet.queue.get(job_id) if is_job_id(job_id) else None
+    if job is None:
+        raise APIError(404, "job_not_found", f"no job '{job_id}' (unknown, or its result expired)")
+    return jsonify(job.model_dump(mode="json"))
+
+
+def _job_response(job: Job, status: int, wait_s: int | None):
+    response = jsonify(job.model_dump(mode="json"))
+    response.status_code = status
+    response.headers["Location"] = url_for("jobs.get_job", job_id=job.id)
+    if wait_s:
+        response.headers["Preference-Applied"] = f"wait={wait_s}"
+    return response
+
+
+def _json_body() -> dict:
+    if request.mimetype != "application/json":
+        raise APIError(
+            415,
+            "unsupported_media_type",
+            f"send the body as application/json (got '{request.mimetype or 'none'}')",
+        )
+    raw = request.get_data(cache=False)  # raises 413 past MAX_REQUEST_BYTES
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise APIError(400, "invalid_json", "body must be a JSON object")
+    return body
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _prefer_wait() -> int | None:
+    """Seconds asked for by ``Prefer: wait=N``; None if absent. Bare ``wait`` means 60."""
+    prefer = request.headers.get("Prefer")
+    if not prefer:
+        return None
+    match = _PREFER_WAIT.search(prefer.strip())
+    if match is None:
+        if re.search(r"\bwait\b", prefer, re.IGNORECASE):
+            raise APIError(
+                400, "invalid_header", "Prefer: wait must be 'wait' or 'wait=N' with 1 <= N <= 60"
+            )
+        return None  # other preferences are not ours to reject
+    seconds = int(match.group(1)) if match.group(1) else MAX_WAIT_S
+    if not 1 <= seconds <= MAX_WAIT_S:
+        raise APIError(
+            400, "invalid_header", f"Prefer: wait=N needs 1 <= N <= {MAX_WAIT_S} (got {seconds})"
+        )
+    return seconds

@@ -1,0 +1,271 @@
+"""The job: its Redis key names, its request and response schema, and its stored record.
+
+Gateway and workers both import this module, so a key name or a field means one thing in
+the whole fleet. The operations on these keys live in :mod:`shared.queue`.
+
+Key scheme (``P`` is ``KEY_PREFIX``, default ``fleet``)::
+
+    P:job:{id}            hash    one job's record (fields of JobRecord); expires
+                                  RESULT_TTL_S after it reaches a terminal state
+    P:stream:{model}      stream  the model's queue; entries are {job: id}; consumer
+                                  group "workers"; an entry is deleted once acknowledged
+    P:workers:{model}     zset    worker name -> unix time of its last heartbeat
+    P:worker:{name}       hash    what a worker serves (model, device, loaded_at); expires
+    P:job-finished        channel job ids, published when a job reaches a terminal state
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+CONSUMER_GROUP = "workers"
+
+
+class Keys:
+    """Every Redis key name the fleet uses, under one prefix so fleets can share a Redis."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.job_finished_channel = f"{prefix}:job-finished"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}:job:{job_id}"
+
+    def stream(self, model: str) -> str:
+        return f"{self.prefix}:stream:{model}"
+
+    def workers(self, model: str) -> str:
+        return f"{self.prefix}:workers:{model}"
+
+    def worker(self, name: str) -> str:
+        return f"{self.prefix}:worker:{name}"
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+
+
+TERMINAL_STATUSES = frozenset(s.value for s in JobStatus if s.terminal)
+
+
+def new_job_id() -> str:
+    return f"job_{uuid.uuid4().hex}"
+
+
+def is_job_id(value: str) -> bool:
+    return value.startswith("job_") and len(value) == 36 and value[4:].isalnum()
+
+
+# --- request schema ----------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    """Unknown fields and type coercions (\"5\" for 5) are errors, not silently accepted."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=1_000_000)
+
+
+MetadataKey = Annotated[str, Field(min_length=1, max_length=64)]
+MetadataValue = Annotated[str, Field(max_length=512)]
+StopString = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class GenerationParams(_Strict):
+    """How to generate; each job in a micro-batch gets exactly these."""
+
+    max_new_tokens: int = Field(
+        128, ge=1, description="Most tokens to generate; at most MAX_NEW_TOKENS_LIMIT."
+    )
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 is greedy decoding.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    stop: list[StopString] = Field(
+        default_factory=list, max_length=4, description="Generation ends before any of these."
+    )
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Makes sampling reproducible.")
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _within_limit(cls, value: int, info: ValidationInfo) -> int:
+        limit = (info.context or {}).get("max_new_tokens_limit")
+        if limit is not None and value > limit:
+            raise ValueError(f"must be at most {limit} (MAX_NEW_TOKENS_LIMIT)")
+        return value
+
+    @model_validator(mode="after")
+    def _default_within_limit(self, info: ValidationInfo) -> GenerationParams:
+        limit = (info.context or {}).get("max_new_tokens_limit")
+        if limit is not None and "max_new_tokens" not in self.model_fields_set:
+            self.max_new_tokens = min(self.max_new_tokens, limit)
+        return self
+
+
+class JobInput(GenerationParams):
+    """What the worker needs to run a job: the prompt or messages, and the parameters."""
+
+    prompt: str | None = Field(None, min_length=1, max_length=1_000_000)
+    messages: list[Message] | None = Field(None, min_length=1, max_length=512)
+
+    @model_validator(mode="after")
+    def _prompt_xor_messages(self) -> JobInput:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        return self
+
+
+class JobCreate(JobInput):
+    """Body of ``POST /v1/jobs``."""
+
+    model: str | None = Field(None, description="Served model id. Default: the fleet's model.")
+    metadata: dict[MetadataKey, MetadataValue] = Field(
+        default_factory=dict, max_length=16, description="Your own labels, returned as given."
+    )
+
+    def job_input(self) -> JobInput:
+        return JobInput.model_validate(
+            self.model_dump(exclude={"model", "metadata"}, exclude_none=True)
+        )
+
+
+# --- response schema ---------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Output(BaseModel):
+    text: str
+    finish_reason: Literal["stop", "length"]
+    usage: Usage
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+
+
+class JobMetrics(BaseModel):
+    queue_seconds: float | None = None
+    inference_seconds: float | None = None
+    batch_size: int | None = None
+
+
+class Job(BaseModel):
+    """The job object every endpoint returns."""
+
+    id: str
+    object: Literal["job"] = "job"
+    status: JobStatus
+    model: str
+    created_at: str
+    started_at: str | None = None
+    completed_at: str | None = None
+    input: dict[str, Any]
+    output: Output | None = None
+    error: JobError | None = None
+    metrics: JobMetrics = Field(default_factory=JobMetrics)
+    worker: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    urls: dict[str, str] = Field(default_factory=dict)
+
+
+# --- the stored record -------------------------------------------------------------------
+
+
+def rfc3339(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def new_record(
+    job_id: str, model: str, job_input: JobInput, metadata: dict[str, str]
+) -> dict[str, str]:
+    """The hash a new job is stored as (all values are strings, as Redis keeps them)."""
+    return {
+        "id": job_id,
+        "model": model,
+        "status": JobStatus.QUEUED.value,
+        "created_at": repr(time.time()),
+        "input": job_input.model_dump_json(exclude_none=True),
+        "metadata": json.dumps(metadata),
+    }
+
+
+def terminal_fields(
+    *,
+    status: JobStatus,
+    output: Output | None = None,
+    error: JobError | None = None,
+    inference_seconds: float,
+    batch_size: int,
+) -> dict[str, str]:
+    """The hash fields a worker writes when a job ends."""
+    fields = {
+        "status": status.value,
+        "completed_at": repr(time.time()),
+        "inference_seconds": repr(inference_seconds),
+        "batch_size": str(batch_size),
+    }
+    if output is not None:
+        fields["output"] = output.model_dump_json()
+    if error is not None:
+        fields["error"] = error.model_dump_json()
+    return fields
+
+
+def job_from_record(record: dict[str, str]) -> Job:
+    """Turn a job's hash back into the API object."""
+
+    def ts(name: str) -> float | None:
+        value = record.get(name)
+        return float(value) if value else None
+
+    created, started = ts("created_at"), ts("started_at")
+    metrics = JobMetrics(
+        queue_seconds=round(started - created, 6) if started and created else None,
+        inference_seconds=ts("inference_seconds"),
+        batch_size=int(record["batch_size"]) if record.get("batch_size") else None,
+    )
+    return Job(
+        id=record["id"],
+        status=JobStatus(record["status"]),
+        model=record["model"],
+        created_at=rfc3339(created) or "",
+        started_at=rfc3339(started),
+        completed_at=rfc3339(ts("completed_at")),
+        input=json.loads(record.get("input") or "{}"),
+        output=Output.model_validate_json(record["output"]) if record.get("output") else None,
+        error=JobError.model_validate_json(record["error"]) if record.get("error") else None,
+        metrics=metrics,
+        worker=record.get("worker") or None,
+        metadata=json.loads(record.get("metadata") or "{}"),
+        urls={"get": f"/v1/jobs/{record['id']}"},
+    )

@@ -1,0 +1,103 @@
+"""Every setting of the fleet, read from the environment in one typed place.
+
+Gateway, workers and the launcher all call :func:`get_settings`, so a value means the same
+thing everywhere. Invalid values fail at start with pydantic's message naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEMO_MODEL_ID = "demo/qwen3.5-tiny-awq"
+
+
+def _default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "inference-fleet"
+
+
+class Settings(BaseSettings):
+    """Fleet settings. Each field is read from the environment variable of the same name."""
+
+    model_config = SettingsConfigDict(case_sensitive=False, frozen=True, protected_namespaces=())
+
+    # --- network -------------------------------------------------------------------------
+    gateway_host: str = Field("127.0.0.1", description="Interface the gateway binds to.")
+    gateway_port: int = Field(8000, ge=1, le=65535, description="Gateway HTTP port.")
+    gateway_processes: int = Field(2, ge=1, le=64, description="Gunicorn worker processes.")
+    flower_port: int = Field(5555, ge=1, le=65535, description="Flower UI port.")
+    flower_basic_auth: str | None = Field(None, description="user:password for Flower.")
+
+    # --- redis ---------------------------------------------------------------------------
+    redis_url: str | None = Field(
+        None, description="Redis to use. Unset: `make up` starts an embedded Redis."
+    )
+    embedded_redis_port: int = Field(
+        6380, ge=1, le=65535, description="Port of the embedded Redis (when REDIS_URL is unset)."
+    )
+    data_dir: Path = Field(
+        Path("data"), description="Embedded Redis AOF files and process logs live here."
+    )
+    key_prefix: str = Field(
+        "fleet", pattern=r"^[A-Za-z0-9_.-]+$", description="Prefix of every Redis key we own."
+    )
+
+    # --- model ---------------------------------------------------------------------------
+    model: str | None = Field(
+        None, description="Hub id or local path of an AWQ checkpoint. Unset: the demo model."
+    )
+    model_name: str | None = Field(
+        None, description="Id clients use for the model. Default: MODEL, or the demo id."
+    )
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="Torch device.")
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir, description="Where the demo model is built."
+    )
+
+    # --- batching and limits -------------------------------------------------------------
+    max_batch_size: int = Field(16, ge=1, le=256, description="Most jobs in one micro-batch.")
+    max_batch_wait_ms: int = Field(
+        20, ge=0, le=10_000, description="Longest wait for a micro-batch to fill."
+    )
+    max_new_tokens_limit: int = Field(
+        512, ge=1, le=32_768, description="Largest max_new_tokens a job may ask for."
+    )
+    result_ttl_s: int = Field(
+        86_400, ge=1, description="Seconds a finished job stays readable, then 404."
+    )
+    max_request_bytes: int = Field(
+        1_048_576, ge=1024, description="Largest request body the gateway accepts (413)."
+    )
+    worker_heartbeat_s: float = Field(
+        2.0, gt=0, description="How often a worker refreshes its liveness record."
+    )
+
+    @field_validator("model", "model_name", "redis_url", "flower_basic_auth", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @property
+    def served_model(self) -> str:
+        """The model id clients name in requests and that keys the model's stream."""
+        if self.model_name:
+            return self.model_name
+        return self.model or DEMO_MODEL_ID
+
+    @property
+    def embedded_redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.embedded_redis_port}/0"
+
+    @property
+    def effective_redis_url(self) -> str:
+        return self.redis_url or self.embedded_redis_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,211 @@
+"""The GPU worker's batch loop: read a micro-batch from the model's stream, run it, store, ack.
+
+It runs in its own thread inside the Celery worker (see :mod:`workers.bootstep`), so the
+worker's event loop keeps answering heartbeats and remote control while a batch generates.
+One loop iteration is a short list of named steps::
+
+    recover own pending (after start or a lost connection) -> read -> start -> infer -> finish
+
+Shutdown is warm: :meth:`BatchLoop.request_stop` lets the current batch finish and be
+acknowledged before the loop returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import redis
+
+from shared.jobs import JobError, JobStatus, Output, Usage, terminal_fields
+from shared.queue import Entry, JobQueue, StartedJob
+from shared.settings import Settings
+from workers.engine import Completion, Engine, PromptTooLong
+
+log = logging.getLogger(__name__)
+
+READ_BLOCK_MS = 1000  # how long an idle read waits, which bounds how fast stop is noticed
+RECONNECT_DELAY_S = (0.5, 1, 2, 5)
+
+
+@dataclass
+class LoopStats:
+    """Counters shown in ``celery inspect stats`` and Flower's worker page."""
+
+    batches: int = 0
+    jobs_succeeded: int = 0
+    jobs_failed: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    recent: deque = field(default_factory=lambda: deque(maxlen=20))  # (end time, tokens, s)
+
+    def record(self, completions: list[Completion], failed: int, seconds: float) -> None:
+        self.batches += 1
+        self.jobs_succeeded += len(completions)
+        self.jobs_failed += failed
+        tokens = sum(c.completion_tokens for c in completions)
+        self.prompt_tokens += sum(c.prompt_tokens for c in completions)
+        self.generated_tokens += tokens
+        self.recent.append((time.time(), tokens, seconds))
+
+    def tokens_per_second(self, window_s: float = 60.0) -> float:
+        recent = [(t, s) for end, t, s in self.recent if end > time.time() - window_s]
+        busy = sum(s for _, s in recent)
+        return round(sum(t for t, _ in recent) / busy, 2) if busy else 0.0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "batches": self.batches,
+            "jobs_succeeded": self.jobs_succeeded,
+            "jobs_failed": self.jobs_failed,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "recent_tokens_per_second": self.tokens_per_second(),
+        }
+
+
+class BatchLoop:
+    """Pulls micro-batches of one model's stream and runs them on one loaded engine."""
+
+    def __init__(self, settings: Settings, queue: JobQueue, engine: Engine, worker: str) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.engine = engine
+        self.worker = worker
+        self.model = settings.served_model
+        self.stats = LoopStats()
+        self.busy_since: float | None = None
+        self._stop = threading.Event()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> None:
+        """Serve until asked to stop. Redis outages are waited out, never fatal."""
+        failures = 0
+        recover = True  # a (re)started worker first finishes entries it read but never acked
+        while not self.stopping:
+            try:
+                self.queue.ensure_group(self.model)
+                entries = self.read_own_pending() if recover else self.next_batch()
+                recover = recover and bool(entries)
+                if entries:
+                    self.run_batch(entries)
+                failures = 0
+            except redis.RedisError as exc:
+                delay = RECONNECT_DELAY_S[min(failures, len(RECONNECT_DELAY_S) - 1)]
+                log.warning("redis unavailable (%s); retrying in %ss", exc, delay)
+                failures, recover = failures + 1, True
+                self._stop.wait(delay)
+
+    # --- steps ---------------------------------------------------------------------------
+
+    def read_own_pending(self) -> list[Entry]:
+        return self.queue.read(
+            self.model, self.worker, self.settings.max_batch_size, None, own_pending=True
+        )
+
+    def next_batch(self) -> list[Entry]:
+        """Wait for a first entry, then up to MAX_BATCH_WAIT_MS for the batch to fill."""
+        size = self.settings.max_batch_size
+        entries = self.queue.read(self.model, self.worker, size, READ_BLOCK_MS)
+        deadline = time.monotonic() + self.settings.max_batch_wait_ms / 1000
+        while entries and len(entries) < size:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            more = self.queue.read(self.model, self.worker, size - len(entries), left_ms)
+            if not more:
+                break
+            entries.extend(more)
+        return entries
+
+    def run_batch(self, entries: list[Entry]) -> None:
+        started, dropped = self.queue.start(self.model, entries, self.worker)
+        if dropped:
+            self.queue.drop(self.model, dropped)
+        if not started:
+            return
+        self.busy_since = time.monotonic()
+        try:
+            results = self.infer(started)
+        finally:
+            self.busy_since = None
+        self.queue.finish(self.model, results)
+
+    def infer(self, jobs: list[StartedJob]) -> list[tuple[Entry, dict[str, str]]]:
+        """Generate for every job; a job that fails on its own input fails alone."""
+        began = time.monotonic()
+        failures: dict[str, JobError] = {}
+        runnable, prompts = [], []
+        for job in jobs:
+            try:
+                ids = self.engine.prompt_ids(job.input)
+                self.engine.check_fits(ids, job.input)
+            except PromptTooLong as exc:
+                failures[job.entry.job_id] = JobError(code="prompt_too_long", message=str(exc))
+                continue
+            except Exception as exc:  # a template or tokenizer error on this input alone
+                failures[job.entry.job_id] = JobError(code="invalid_input", message=str(exc))
+                continue
+            runnable.append(job)
+            prompts.append(ids)
+        completions = self._generate(runnable, prompts, failures)
+        seconds = time.monotonic() - began
+        self.stats.record(list(completions.values()), len(failures), seconds)
+        results = []
+        for job in jobs:
+            job_id = job.entry.job_id
+            if job_id in completions:
+                fields = terminal_fields(
+                    status=JobStatus.SUCCEEDED,
+                    output=_output(completions[job_id]),
+                    inference_seconds=seconds,
+                    batch_size=len(jobs),
+                )
+            else:
+                fields = terminal_fields(
+                    status=JobStatus.FAILED,
+                    error=failures[job_id],
+                    inference_seconds=seconds,
+                    batch_size=len(jobs),
+                )
+            results.append((job.entry, fields))
+        return results
+
+    def _generate(
+        self, jobs: list[StartedJob], prompts: list[list[int]], failures: dict[str, JobError]
+    ) -> dict[str, Completion]:
+        """Run the batch; if it raises, run each job alone to find the one that fails."""
+        if not jobs:
+            return {}
+        try:
+            outs = self.engine.generate([j.input for j in jobs], prompts)
+            return {j.entry.job_id: c for j, c in zip(jobs, outs, strict=True)}
+        except Exception:
+            if len(jobs) == 1:
+                log.exception("job %s failed", jobs[0].entry.job_id)
+                failures[jobs[0].entry.job_id] = JobError(
+                    code="inference_error", message="the model failed on this input"
+                )
+                return {}
+            log.exception("batch of %d failed; retrying its jobs one by one", len(jobs))
+        completions: dict[str, Completion] = {}
+        for job, ids in zip(jobs, prompts, strict=True):
+            completions.update(self._generate([job], [ids], failures))
+        return completions
+
+
+def _output(c: Completion) -> Output:
+    return Output(
+        text=c.text,
+        finish_reason=c.finish_reason,
+        usage=Usage(prompt_tokens=c.prompt_tokens, completion_tokens=c.completion_tokens),
+    )

@@ -1,0 +1,87 @@
+"""Runs the batch loop inside a Celery worker, beside (not inside) its event loop.
+
+The loop lives in the worker blueprint, so it starts once and stops only at shutdown (a
+consumer-blueprint step would be restarted on every broker reconnect). The model is loaded
+in the loop's own thread, which keeps the worker answering heartbeats and remote control
+while it loads and while it generates. Under ``--pool=solo`` nothing forks, so CUDA is
+initialised in the one process that uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from celery import bootsteps
+
+from shared.jobs import Keys
+from shared.queue import JobQueue
+from shared.redis_client import connect
+from shared.settings import get_settings
+from workers.batcher import BatchLoop
+from workers.engine import Engine, pick_device
+from workers.liveness import Heartbeat
+from workers.model_source import resolve_model_path
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 120.0
+
+
+class BatchLoopStep(bootsteps.StartStopStep):
+    """Loads the model, then serves micro-batches until the worker shuts down."""
+
+    def __init__(self, parent, **kwargs) -> None:
+        super().__init__(parent, **kwargs)
+        self.loop: BatchLoop | None = None
+        self.engine: Engine | None = None
+        self.heartbeat: Heartbeat | None = None
+        self.thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    def start(self, worker) -> None:
+        self.thread = threading.Thread(
+            target=self._serve, args=(worker.hostname,), name="batch-loop", daemon=True
+        )
+        self.thread.start()
+
+    def _serve(self, worker_name: str) -> None:
+        settings = get_settings()
+        try:
+            self.engine = Engine(resolve_model_path(settings), pick_device(settings.device))
+            self.engine.warm_up()
+        except Exception:
+            log.exception("could not load the model; this worker serves nothing")
+            return
+        queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
+        self.loop = BatchLoop(settings, queue, self.engine, worker_name)
+        self.heartbeat = Heartbeat(queue, settings, worker_name, self.engine.describe())
+        self.heartbeat.start()
+        if self._stopping.is_set():
+            self.loop.request_stop()
+        log.info("worker %s serving %s", worker_name, settings.served_model)
+        try:
+            self.loop.run()
+        finally:
+            self.heartbeat.stop()
+
+    def stop(self, worker) -> None:
+        # Called from a signal handler: set flags and join; no logging here.
+        self._stopping.set()
+        if self.loop is not None:
+            self.loop.request_stop()
+        if self.thread is not None:
+            self.thread.join(STOP_TIMEOUT_S)
+
+    def info(self, worker) -> dict:
+        return {"fleet": self.describe()}
+
+    def describe(self) -> dict:
+        """The worker's model, device and counters, for inspect stats and Flower."""
+        state = "loading" if self.loop is None else ("busy" if self.loop.busy_since else "idle")
+        out: dict = {"state": state, "model": get_settings().served_model}
+        if self.engine is not None:
+            out.update(self.engine.describe())
+        if self.loop is not None:
+            out.update(self.loop.stats.as_dict())
+        return out

@@ -1,0 +1,31 @@
+"""The Celery app of the GPU workers: ``celery -A workers.celery_app worker --pool=solo``.
+
+Celery gives the fleet its worker lifecycle, remote control and Flower; the micro-batches
+themselves come from Redis Streams (kombu has no Streams transport), read by the batch
+loop that :class:`workers.bootstep.BatchLoopStep` runs beside the event loop.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from shared.settings import get_settings
+from workers.bootstep import BatchLoopStep
+
+GPU_QUEUE = "gpu"  # GPU workers consume no Celery tasks today; this keeps them off others
+
+
+def create_celery() -> Celery:
+    settings = get_settings()
+    app = Celery("fleet", broker=settings.effective_redis_url)
+    app.conf.update(
+        broker_connection_retry_on_startup=True,
+        task_default_queue=GPU_QUEUE,
+        worker_send_task_events=True,
+        worker_prefetch_multiplier=1,
+    )
+    app.steps["worker"].add(BatchLoopStep)
+    return app
+
+
+app = create_celery()

@@ -1,0 +1,110 @@
+"""Per-row decoding controls, so one ``generate`` call can serve a mixed micro-batch.
+
+``transformers.generate`` applies one sampling setting to a whole batch. We run it in greedy
+mode and let :class:`RowSampler` pick the token of each sampling row itself (its own
+temperature, top_p and seeded generator); greedy rows are left untouched, so their output
+is the same as when they run alone. :class:`RowStopper` ends each row at its own
+``max_new_tokens``, end-of-sequence token or stop string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import LogitsProcessor, StoppingCriteria
+
+
+@dataclass
+class RowSettings:
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    stop: list[str]
+    seed: int | None
+
+
+class RowSampler(LogitsProcessor):
+    """Samples the next token of each non-greedy row and forces greedy search to pick it."""
+
+    def __init__(self, rows: list[RowSettings], device: torch.device) -> None:
+        self.rows = rows
+        self.generators: dict[int, torch.Generator] = {}
+        for i, row in enumerate(rows):
+            if row.temperature > 0:
+                gen = torch.Generator(device=device)
+                if row.seed is None:
+                    gen.seed()
+                else:
+                    gen.manual_seed(row.seed)
+                self.generators[i] = gen
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        for i, gen in self.generators.items():
+            row = self.rows[i]
+            probs = torch.softmax(scores[i].float() / row.temperature, dim=-1)
+            if row.top_p < 1.0:
+                probs = _top_p(probs, row.top_p)
+            token = torch.multinomial(probs, 1, generator=gen)
+            forced = torch.full_like(scores[i], float("-inf"))
+            forced[token] = 0.0
+            scores[i] = forced
+        return scores
+
+
+def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p."""
+    sorted_probs, order = torch.sort(probs, descending=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    sorted_probs[before >= top_p] = 0.0
+    kept = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return kept / kept.sum()
+
+
+@dataclass
+class RowOutcome:
+    """Why and after how many generated tokens a row ended (None: still running)."""
+
+    tokens: int | None = None
+    reason: str | None = None
+
+
+@dataclass
+class RowStopper(StoppingCriteria):
+    """Ends each row at its own limit, end-of-sequence token or stop string."""
+
+    rows: list[RowSettings]
+    prompt_len: int
+    eos_ids: set[int]
+    decode: callable
+    outcomes: list[RowOutcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.outcomes = [RowOutcome() for _ in self.rows]
+
+    def __call__(
+        self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs
+    ) -> torch.BoolTensor:
+        generated = input_ids.shape[1] - self.prompt_len
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for i, row in enumerate(self.rows):
+            outcome = self.outcomes[i]
+            if outcome.reason is None:
+                reason = self._check(row, input_ids[i], generated)
+                if reason is not None:
+                    outcome.tokens, outcome.reason = generated, reason
+            done[i] = outcome.reason is not None
+        return done
+
+    def _check(self, row: RowSettings, ids: torch.Tensor, generated: int) -> str | None:
+        if int(ids[-1]) in self.eos_ids:
+            return "eos"
+        if row.stop:
+            # A stop string of n characters spans at most 4n byte-level tokens.
+            window = 4 * max(len(s) for s in row.stop) + 4
+            tail = self.decode(ids[max(self.prompt_len, ids.shape[0] - window) :].tolist())
+            if any(s in tail for s in row.stop):
+                return "stop"
+        if generated >= row.max_new_tokens:
+            return "length"
+        return None

@@ -1,0 +1,153 @@
+"""One loaded AWQ model and the batched generation a micro-batch runs through.
+
+AWQ checkpoints load through transformers 5, which hands ``quant_method: awq`` to
+gptqmodel's kernels (Marlin/GEMM on CUDA, a Torch kernel on CPU). autoawq is archived and
+cannot load into transformers 5.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+from shared.jobs import JobInput
+from workers.decoding import RowSampler, RowSettings, RowStopper
+
+log = logging.getLogger(__name__)
+
+
+class PromptTooLong(ValueError):
+    """The prompt plus max_new_tokens does not fit the model's context."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def pick_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
+class Engine:
+    """A model and its tokenizer, loaded once per worker process."""
+
+    def __init__(self, model_path: str, device: torch.device) -> None:
+        os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, os.cpu_count() or 2)))
+        started = time.monotonic()
+        self.model_path = model_path
+        self.device = device
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer.padding_side = "left"
+        # AWQ kernels want float16 on CUDA; the CPU kernel runs in bfloat16 or float32.
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=dtype, device_map={"": str(device)}
+        )
+        self.model.eval()
+        config = self.model.config
+        self.max_context = int(getattr(config, "max_position_embeddings", 0) or 32_768)
+        gen_config = self.model.generation_config
+        eos = (
+            gen_config.eos_token_id if gen_config.eos_token_id is not None else config.eos_token_id
+        )
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.eos_ids)
+        self.load_seconds = time.monotonic() - started
+        log.info("loaded %s on %s in %.1fs", model_path, device, self.load_seconds)
+
+    def describe(self) -> dict[str, object]:
+        """What this engine serves, for stats and the model's inspect command."""
+        config = self.model.config
+        return {
+            "model_path": self.model_path,
+            "architecture": (config.architectures or [config.model_type])[0],
+            "device": str(self.device),
+            "dtype": str(self.model.dtype).removeprefix("torch."),
+            "quantization": getattr(config, "quantization_config", {})
+            and dict(
+                bits=config.quantization_config.get("bits")
+                if isinstance(config.quantization_config, dict)
+                else getattr(config.quantization_config, "bits", None),
+                method="awq",
+            ),
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "max_context": self.max_context,
+        }
+
+    def warm_up(self) -> None:
+        """Run one small batch so the first real job does not pay for lazy initialisation."""
+        self.generate([JobInput(prompt="Hello", max_new_tokens=2)])
+
+    def prompt_ids(self, job: JobInput) -> list[int]:
+        if job.messages is not None:
+            text = self.tokenizer.apply_chat_template(
+                [m.model_dump() for m in job.messages], add_generation_prompt=True, tokenize=False
+            )
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(job.prompt)["input_ids"]
+
+    def check_fits(self, prompt_ids: list[int], job: JobInput) -> None:
+        if len(prompt_ids) + job.max_new_tokens > self.max_context:
+            raise PromptTooLong(
+                f"prompt has {len(prompt_ids)} tokens; with max_new_tokens={job.max_new_tokens} "
+                f"that exceeds the model's context of {self.max_context} tokens"
+            )
+
+    @torch.inference_mode()
+    def generate(
+        self, jobs: list[JobInput], prompts: list[list[int]] | None = None
+    ) -> list[Completion]:
+        """Run one micro-batch; each job gets its own limits, stop strings and sampling."""
+        prompts = prompts or [self.prompt_ids(job) for job in jobs]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, ids in enumerate(prompts):  # left padding: every row ends at the same column
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            attention[i, width - len(ids) :] = 1
+        rows = [RowSettings(j.max_new_tokens, j.temperature, j.top_p, j.stop, j.seed) for j in jobs]
+        stopper = RowStopper(rows, width, self.eos_ids, self.tokenizer.decode)
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            generation_config=GenerationConfig(
+                max_new_tokens=max(r.max_new_tokens for r in rows),
+                do_sample=False,
+                pad_token_id=self.pad_id,
+                eos_token_id=sorted(self.eos_ids),
+            ),
+            logits_processor=[RowSampler(rows, self.device)],
+            stopping_criteria=[stopper],
+        )
+        return [
+            self._completion(
+                out[i, width:].tolist(), rows[i], stopper.outcomes[i].tokens, len(prompts[i])
+            )
+            for i in range(len(rows))
+        ]
+
+    def _completion(
+        self, generated: list[int], row: RowSettings, ended_at: int | None, prompt_tokens: int
+    ) -> Completion:
+        n = min(ended_at or len(generated), row.max_new_tokens, len(generated))
+        tokens = generated[:n]
+        finish = "length"
+        if tokens and tokens[-1] in self.eos_ids:
+            tokens, finish = tokens[:-1], "stop"
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        cuts = [text.find(s) for s in row.stop if s in text]
+        if cuts:
+            text, finish = text[: min(cuts)], "stop"
+        return Completion(text, finish, prompt_tokens, n)
