@@ -186,7 +186,7 @@ def _quantize(fp_dir: Path, out: Path) -> None:
 
 def build(target: Path | None = None) -> Path:
     """Build the demo AWQ checkpoint unless it is already cached; return its directory."""
-    target = target or demo_model_dir()
+    target = (target or demo_model_dir()).resolve()
     if (target / "config.json").exists():
         return target
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, os.cpu_count() or 2)))

@@ -1,0 +1,44 @@
+# Two commands: `make up` runs the fleet, `make test` runs the tests. Both install what is
+# missing first: a virtualenv from requirements.txt, a redis-server, the demo AWQ model.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: up test bench lint install redis-server demo-model clean
+
+up: install $(if $(REDIS_URL),,redis-server) $(if $(MODEL),,demo-model)
+	$(PY) -m fleet.up
+
+test: install redis-server demo-model
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install redis-server demo-model
+	$(PY) -m bench
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	  || { echo "Python >= 3.11 is needed (found $$($(PYTHON) --version))"; exit 1; }
+	@[ -x $(VENV)/bin/pip ] || $(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "installing python3-venv"; $(SUDO) apt-get update -qq; \
+	  $(SUDO) apt-get install -y -qq python3-venv; rm -rf $(VENV); $(PYTHON) -m venv $(VENV); }
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+# The tests and the embedded Redis need a redis-server binary (Debian's package).
+redis-server:
+	@command -v redis-server >/dev/null || { echo "installing redis-server"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+
+demo-model: install
+	$(PY) -m workers.demo_model >/dev/null
+
+clean:
+	rm -rf $(VENV) data .pytest_cache .ruff_cache

@@ -1,0 +1,62 @@
+"""The command line of every fleet process, in one place.
+
+``make up`` (:mod:`fleet.up`), the tests and the benchmark all start processes from these,
+so what is tested is what runs.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+from shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def redis_server(port: int, data_dir: Path) -> list[str]:
+    """An embedded Redis: AOF, fsync every second, loopback only, no RDB snapshots."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        "redis-server",
+        "--port", str(port),
+        "--bind", "127.0.0.1",
+        "--dir", str(data_dir),
+        "--appendonly", "yes",
+        "--appendfsync", "everysec",
+        "--save", "",
+        "--protected-mode", "yes",
+    ]  # fmt: skip
+
+
+def worker(name: str, loglevel: str = "info") -> list[str]:
+    """One GPU worker: solo pool, so the model and CUDA live in the one process."""
+    return [
+        PYTHON, "-m", "celery", "-A", "workers.celery_app", "worker",
+        "--pool=solo", f"--hostname={name}", "--queues=gpu", f"--loglevel={loglevel}",
+    ]  # fmt: skip
+
+
+def gateway() -> list[str]:
+    return [
+        PYTHON,
+        "-m",
+        "gunicorn",
+        "-c",
+        str(ROOT / "gateway/gunicorn_conf.py"),
+        "gateway.wsgi:app",
+    ]
+
+
+def flower(settings: Settings) -> list[str]:
+    # FLOWER_BASIC_AUTH, if set, is read by Flower itself from the environment.
+    return [
+        PYTHON, "-m", "celery", "-A", "workers.celery_app", "flower",
+        f"--address={settings.gateway_host}", f"--port={settings.flower_port}",
+    ]  # fmt: skip
+
+
+def worker_name(index: int) -> str:
+    return f"infer{index}@{socket.gethostname()}"

@@ -1,0 +1,145 @@
+"""``make up``: run the whole fleet in the foreground until Ctrl-C or SIGTERM.
+
+Starts, in order: Redis (embedded, AOF under DATA_DIR, unless REDIS_URL is set), one
+inference worker, the gateway under gunicorn, and Flower. Crashed processes are restarted.
+On Ctrl-C or SIGTERM everything is stopped in reverse order; a second signal kills at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import redis
+
+from fleet import commands
+from fleet.supervisor import Service, Supervisor
+from shared.settings import Settings, get_settings
+from workers import demo_model
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def main() -> int:
+    settings = get_settings()
+    env = dict(os.environ, PYTHONPATH=str(commands.ROOT), REDIS_URL=settings.effective_redis_url)
+    if not settings.model:
+        env["HF_HUB_OFFLINE"] = "1"  # the demo model is local; never reach a hub
+    supervisor = Supervisor(env, cwd=str(commands.ROOT))
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        check_ports_free(settings)
+        start_redis(supervisor, settings)
+        ensure_model(supervisor, settings, env)
+        supervisor.start(Service("worker", commands.worker(commands.worker_name(0)), 130))
+        supervisor.start(Service("gateway", commands.gateway(), 75))
+        supervisor.start(Service("flower", commands.flower(settings)))
+        wait_ready(supervisor, settings)
+        supervisor.watch()
+    except StartupError as exc:
+        supervisor.say(f"cannot start: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, lambda *_: _kill_now(supervisor))
+        signal.signal(signal.SIGTERM, lambda *_: _kill_now(supervisor))
+        supervisor.say("shutting down (Ctrl-C again to kill at once)")
+        supervisor.stop_all()
+        supervisor.say("stopped")
+    return 0
+
+
+def check_ports_free(settings: Settings) -> None:
+    ports = {"GATEWAY_PORT": settings.gateway_port, "FLOWER_PORT": settings.flower_port}
+    if not settings.redis_url:
+        ports["EMBEDDED_REDIS_PORT"] = settings.embedded_redis_port
+    for name, port in ports.items():
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                raise StartupError(f"port {port} is in use; set {name} to a free port")
+
+
+def start_redis(supervisor: Supervisor, settings: Settings) -> None:
+    if not settings.redis_url:
+        data_dir = settings.data_dir.resolve() / "redis"
+        argv = commands.redis_server(settings.embedded_redis_port, data_dir)
+        supervisor.start(Service("redis", argv, stop_timeout_s=30))
+    client = redis.Redis.from_url(settings.effective_redis_url, socket_connect_timeout=1)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.BusyLoadingError:
+            pass  # replaying its AOF
+        except redis.ConnectionError as exc:
+            if time.monotonic() > deadline:
+                raise StartupError(f"redis at {settings.effective_redis_url}: {exc}") from None
+        time.sleep(0.2)
+
+
+def ensure_model(supervisor: Supervisor, settings: Settings, env: dict[str, str]) -> None:
+    if settings.model or (demo_model.demo_model_dir() / "config.json").exists():
+        return
+    supervisor.say("building the demo AWQ model (once; about a minute)...")
+    build = subprocess.run(
+        [sys.executable, "-m", "workers.demo_model"], cwd=commands.ROOT, env=env,
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if build.returncode != 0:
+        raise StartupError(
+            f"demo model build failed:\n{build.stdout[-2000:]}{build.stderr[-2000:]}"
+        )
+
+
+def wait_ready(supervisor: Supervisor, settings: Settings, timeout_s: float = 600) -> None:
+    base = f"http://{_display_host(settings)}:{settings.gateway_port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        time.sleep(0.5)
+    else:
+        supervisor.say(f"not ready after {timeout_s}s; still trying (see the logs above)")
+    flower = f"http://{_display_host(settings)}:{settings.flower_port}"
+    for line in (
+        "fleet is up",
+        f"  gateway   {base}   (API docs: {base}/docs/swagger, spec: {base}/openapi.json)",
+        f"  flower    {flower}",
+        f"  redis     {settings.effective_redis_url}",
+        f"  model     {settings.served_model}",
+        "  try:      curl -s -H 'Content-Type: application/json' -H 'Prefer: wait=30' "
+        f'-d \'{{"prompt": "Hello"}}\' {base}/v1/jobs',
+        "Ctrl-C stops everything.",
+    ):
+        supervisor.say(line)
+
+
+def _display_host(settings: Settings) -> str:
+    return "127.0.0.1" if settings.gateway_host in ("0.0.0.0", "::") else settings.gateway_host
+
+
+def _kill_now(supervisor: Supervisor) -> None:
+    for service in supervisor.services:
+        if service.proc is not None and service.proc.poll() is None:
+            os.killpg(service.proc.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
