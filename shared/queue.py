@@ -4,7 +4,9 @@ The gateway submits and reads jobs; workers read entries, start jobs and finish 
 Each multi-key change is one atomic step (a MULTI pipeline or a Lua script below), so a
 crash between two commands can never leave a half-written job:
 
-* ``submit``: MULTI { HSET job record; XADD stream {job: id} }.
+* ``submit`` (script ``_SUBMIT``): XADD the entry, then HSET the record. Redis never rolls
+  a script back, so the order matters: if the append fails, nothing was written; an entry
+  whose record is missing would only be dropped by the worker.
 * ``start`` (script ``_START``): queued/running -> running, stamping started_at and the
   worker. A job that is gone or already terminal is reported as such and not touched.
 * ``finish`` (script ``_FINISH``): store the terminal fields unless the job is already
@@ -30,6 +32,13 @@ from shared.jobs import (
     new_job_id,
     new_record,
 )
+
+# KEYS: stream, job. ARGV: job id, field, value, ... Returns the entry id.
+_SUBMIT = """
+local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1])
+redis.call('HSET', KEYS[2], unpack(ARGV, 2))
+return entry
+"""
 
 _TERMINAL_LUA = "{" + ", ".join(f"['{s}'] = true" for s in sorted(TERMINAL_STATUSES)) + "}"
 
@@ -93,6 +102,7 @@ class JobQueue:
         self.redis = client
         self.keys = keys
         self.result_ttl_s = result_ttl_s
+        self._submit = client.register_script(_SUBMIT)
         self._start = client.register_script(_START)
         self._finish = client.register_script(_FINISH)
 
@@ -125,10 +135,8 @@ class JobQueue:
     def submit(self, model: str, job_input: JobInput, metadata: dict[str, str]) -> Job:
         job_id = new_job_id()
         record = new_record(job_id, model, job_input, metadata)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(self.keys.job(job_id), mapping=record)
-        pipe.xadd(self.keys.stream(model), {"job": job_id})
-        pipe.execute()
+        keys = [self.keys.stream(model), self.keys.job(job_id)]
+        self._submit(keys=keys, args=[job_id, *_pairs(record)])
         return job_from_record(record)
 
     def ready_workers(self, model: str, max_age_s: float) -> int:
@@ -182,7 +190,6 @@ class JobQueue:
         """Store each job's terminal fields and ack its entry, one atomic step per job."""
         pipe = self.redis.pipeline(transaction=False)
         for entry, fields in results:
-            flat = [item for pair in fields.items() for item in pair]
             self._finish(
                 keys=[self.keys.job(entry.job_id), self.keys.stream(model)],
                 args=[
@@ -191,7 +198,7 @@ class JobQueue:
                     self.result_ttl_s,
                     self.keys.job_finished_channel,
                     entry.job_id,
-                    *flat,
+                    *_pairs(fields),
                 ],
                 client=pipe,
             )
@@ -214,3 +221,8 @@ class JobQueue:
         pipe.zrem(self.keys.workers(model), worker)
         pipe.delete(self.keys.worker(worker))
         pipe.execute()
+
+
+def _pairs(mapping: dict[str, str]) -> list[str]:
+    """A mapping as the flat field, value, ... list that HSET takes in a script."""
+    return [item for pair in mapping.items() for item in pair]

@@ -75,13 +75,7 @@ class Engine:
             "architecture": (config.architectures or [config.model_type])[0],
             "device": str(self.device),
             "dtype": str(self.model.dtype).removeprefix("torch."),
-            "quantization": getattr(config, "quantization_config", {})
-            and dict(
-                bits=config.quantization_config.get("bits")
-                if isinstance(config.quantization_config, dict)
-                else getattr(config.quantization_config, "bits", None),
-                method="awq",
-            ),
+            "quantization": _quantization(config),
             "parameters": sum(p.numel() for p in self.model.parameters()),
             "max_context": self.max_context,
         }
@@ -151,3 +145,13 @@ class Engine:
         if cuts:
             text, finish = text[: min(cuts)], "stop"
         return Completion(text, finish, prompt_tokens, n)
+
+
+def _quantization(config) -> str:
+    """E.g. "awq 4-bit g128"; "none" for an unquantized checkpoint."""
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return "none"
+    quant = quant if isinstance(quant, dict) else quant.to_dict()
+    method = quant.get("quant_method", "?")
+    return f"{method} {quant.get('bits', '?')}-bit g{quant.get('group_size', '?')}"

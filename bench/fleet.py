@@ -1,0 +1,214 @@
+"""The fleet under load: its own Redis, one worker and the gateway, driven over real HTTP.
+
+Each client is a thread that submits with ``Prefer: wait=60`` and sends its next job as soon
+as the previous one returns (a closed loop), so the concurrency is the number of clients.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import redis
+import requests
+
+from bench.model import job_input
+from fleet import commands
+from fleet.processes import Process, free_port, wait_until
+
+WAIT_S = 60
+TIMEOUT_S = WAIT_S + 30
+READY_TIMEOUT_S = 300
+LOG_ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback)\b")
+LOG_WARNING = re.compile(r"\bWARNING(?:/\w+)?\]?(.*)")
+
+
+@dataclass
+class RunningFleet:
+    base_url: str
+    processes: list[Process]
+
+    def problems(self, limit: int = 20) -> list[str]:
+        """Error and traceback lines from the processes' logs, and distinct warnings.
+
+        Celery logs whatever a library prints as a WARNING, so empty and repeated warning
+        lines are dropped; errors are kept as they are.
+        """
+        errors, warnings = [], {}
+        for proc in self.processes:
+            text = proc.log.read_text(errors="replace") if proc.log.exists() else ""
+            for line in text.splitlines():
+                if LOG_ERROR.search(line):
+                    errors.append(f"{proc.name}: {line.strip()}")
+                elif (match := LOG_WARNING.search(line)) and match.group(1).strip():
+                    warnings.setdefault(f"{proc.name}: {match.group(1).strip()[:200]}", None)
+        return (errors + list(warnings))[:limit]
+
+
+def _env(redis_url: str, gateway_port: int, max_batch_size: int) -> dict[str, str]:
+    """Like the tests' fleet env: offline, the demo model, a key prefix of this run's own."""
+    env = os.environ.copy()
+    env.pop("MODEL", None)
+    env.update(
+        PYTHONPATH=str(commands.ROOT),
+        REDIS_URL=redis_url,
+        KEY_PREFIX=f"bench-{uuid.uuid4().hex[:8]}",
+        HF_HUB_OFFLINE="1",
+        MAX_BATCH_SIZE=str(max_batch_size),
+        GATEWAY_HOST="127.0.0.1",
+        GATEWAY_PORT=str(gateway_port),
+        WORKER_HEARTBEAT_S="1",
+    )
+    return env
+
+
+def _answers(check: Callable[[], object]) -> bool:
+    try:
+        return bool(check())
+    except (redis.ConnectionError, requests.ConnectionError):
+        return False
+
+
+@contextmanager
+def running_fleet(max_batch_size: int, logs: Path | None = None) -> Iterator[RunningFleet]:
+    """Start redis-server, a worker and the gateway; stop them all on the way out."""
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
+        logs = logs or tmp / "logs"
+        procs: list[Process] = []
+        stack.callback(lambda: [p.stop() for p in reversed(procs)])
+
+        redis_port = free_port()
+        redis_url = f"redis://127.0.0.1:{redis_port}/0"
+        argv = commands.redis_server(redis_port, tmp / "redis")
+        procs.append(Process("redis", argv, os.environ.copy(), logs / "redis.log"))
+        client = stack.enter_context(redis.Redis.from_url(redis_url))
+        wait_until(lambda: _answers(client.ping), 20, "redis did not start", *procs)
+
+        port = free_port()
+        env = _env(redis_url, port, max_batch_size)
+        name = f"bench-{env['KEY_PREFIX']}@localhost"
+        procs.append(Process("worker", commands.worker(name), env, logs / "worker.log"))
+        procs.append(Process("gateway", commands.gateway(), env, logs / "gateway.log"))
+        base = f"http://127.0.0.1:{port}"
+        ready = lambda: requests.get(base + "/readyz", timeout=2).status_code == 200  # noqa: E731
+        wait_until(lambda: _answers(ready), READY_TIMEOUT_S, "fleet did not become ready", *procs)
+        yield RunningFleet(base, procs)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One request as the client saw it."""
+
+    seconds: float
+    tokens: int
+    batch_size: int
+    queue_s: float  # created -> started by the worker (waiting for the batch and the model)
+    inference_s: float  # the micro-batch's generate call
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    concurrency: int
+    jobs: int
+    errors: int
+    wall_s: float
+    jobs_per_s: float
+    tokens_per_s: float
+    p50_latency_s: float
+    p99_latency_s: float
+    mean_batch_size: float
+    mean_queue_s: float
+    mean_inference_s: float
+    first_error: str | None = None
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def _percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile: with few samples p99 is the slowest one, not an interpolation."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def _one_job(http: requests.Session, base_url: str, index: int) -> Sample:
+    body = job_input(index).model_dump(exclude_none=True)
+    began = time.perf_counter()
+    response = http.post(
+        base_url + "/v1/jobs", json=body, headers={"Prefer": f"wait={WAIT_S}"}, timeout=TIMEOUT_S
+    )
+    job = response.json() if response.ok else {}
+    while response.ok and job.get("status") in ("queued", "running"):
+        time.sleep(0.1)  # not done within WAIT_S: poll, so the latency is still the true one
+        response = http.get(base_url + job["urls"]["get"], timeout=TIMEOUT_S)
+        job = response.json() if response.ok else {}
+    seconds = time.perf_counter() - began
+    if job.get("status") != "succeeded":
+        raise RuntimeError(f"HTTP {response.status_code}: {response.text[:300]}")
+    metrics = job["metrics"]
+    return Sample(
+        seconds=seconds,
+        tokens=job["output"]["usage"]["completion_tokens"],
+        batch_size=metrics["batch_size"],
+        queue_s=metrics["queue_seconds"],
+        inference_s=metrics["inference_seconds"],
+    )
+
+
+def run_level(base_url: str, concurrency: int, jobs: int) -> LevelResult:
+    """``concurrency`` clients share ``jobs`` requests, each client one at a time."""
+    counter = iter(range(jobs))
+    lock = threading.Lock()
+    samples: list[Sample] = []
+    errors: list[str] = []
+
+    def client() -> None:
+        with requests.Session() as http:
+            while True:
+                with lock:
+                    index = next(counter, None)
+                if index is None:
+                    return
+                try:
+                    sample = _one_job(http, base_url, index)
+                except (requests.RequestException, RuntimeError, KeyError, ValueError) as exc:
+                    with lock:
+                        errors.append(str(exc))
+                    continue
+                with lock:
+                    samples.append(sample)
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for future in [pool.submit(client) for _ in range(concurrency)]:
+            future.result()
+    wall = time.perf_counter() - began
+    if not samples:
+        raise RuntimeError(f"every job failed at concurrency {concurrency}: {errors[:3]}")
+    latencies = [s.seconds for s in samples]
+    return LevelResult(
+        concurrency=concurrency,
+        jobs=len(samples),
+        errors=len(errors),
+        wall_s=wall,
+        jobs_per_s=len(samples) / wall,
+        tokens_per_s=sum(s.tokens for s in samples) / wall,
+        p50_latency_s=_percentile(latencies, 50),
+        p99_latency_s=_percentile(latencies, 99),
+        mean_batch_size=statistics.mean(s.batch_size for s in samples),
+        mean_queue_s=statistics.mean(s.queue_s for s in samples),
+        mean_inference_s=statistics.mean(s.inference_s for s in samples),
+        first_error=errors[0] if errors else None,
+    )
