@@ -105,6 +105,7 @@ class JobQueue:
         self._submit = client.register_script(_SUBMIT)
         self._start = client.register_script(_START)
         self._finish = client.register_script(_FINISH)
+        self._groups: set[str] = set()  # models whose group this process has made sure of
 
     # --- both sides ----------------------------------------------------------------------
 
@@ -133,6 +134,9 @@ class JobQueue:
     # --- gateway side --------------------------------------------------------------------
 
     def submit(self, model: str, job_input: JobInput, metadata: dict[str, str]) -> Job:
+        if model not in self._groups:  # so the lag is known (and KEDA can scale) before any
+            self.ensure_group(model)  # worker has started
+            self._groups.add(model)
         job_id = new_job_id()
         record = new_record(job_id, model, job_input, metadata)
         keys = [self.keys.stream(model), self.keys.job(job_id)]

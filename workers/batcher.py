@@ -93,7 +93,8 @@ class BatchLoop:
         recover = True  # a (re)started worker first finishes entries it read but never acked
         while not self.stopping:
             try:
-                self.queue.ensure_group(self.model)
+                if recover:
+                    self.queue.ensure_group(self.model)
                 entries = self.read_own_pending() if recover else self.next_batch()
                 recover = recover and bool(entries)
                 if entries:

@@ -9,6 +9,7 @@ is the same as when they run alone. :class:`RowStopper` ends each row at its own
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -76,7 +77,7 @@ class RowStopper(StoppingCriteria):
     rows: list[RowSettings]
     prompt_len: int
     eos_ids: set[int]
-    decode: callable
+    decode: Callable[[list[int]], str]
     outcomes: list[RowOutcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -153,5 +153,5 @@ def _quantization(config) -> str:
     if quant is None:
         return "none"
     quant = quant if isinstance(quant, dict) else quant.to_dict()
-    method = quant.get("quant_method", "?")
+    method = getattr(quant.get("quant_method"), "value", quant.get("quant_method"))
     return f"{method} {quant.get('bits', '?')}-bit g{quant.get('group_size', '?')}"

@@ -1,0 +1,84 @@
+"""Gateway behaviour that needs its own settings: result TTL, Redis outages, settings."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from pydantic import ValidationError
+
+from fleet.processes import free_port
+from gateway import create_app
+from shared.jobs import JobStatus, Output, Usage, terminal_fields
+from shared.settings import Settings
+
+
+def _client(**settings):
+    app = create_app(Settings(key_prefix=f"t{uuid.uuid4().hex[:8]}", **settings))
+    return app, app.test_client()
+
+
+def test_finished_jobs_expire_after_result_ttl(redis_url):
+    app, client = _client(redis_url=redis_url, result_ttl_s=1)
+    job = client.post("/v1/jobs", json={"prompt": "x"}).get_json()
+    queue = app.extensions["fleet"].queue
+    [entry] = queue.read(app.extensions["fleet"].settings.served_model, "w", 10, None)
+    queue.start(app.extensions["fleet"].settings.served_model, [entry], "w")
+    fields = terminal_fields(
+        status=JobStatus.SUCCEEDED,
+        output=Output(
+            text="t", finish_reason="length", usage=Usage(prompt_tokens=1, completion_tokens=1)
+        ),
+        inference_seconds=0.0,
+        batch_size=1,
+    )
+    queue.finish(app.extensions["fleet"].settings.served_model, [(entry, fields)])
+    assert client.get(f"/v1/jobs/{job['id']}").get_json()["status"] == "succeeded"
+    time.sleep(2.2)
+    gone = client.get(f"/v1/jobs/{job['id']}")
+    assert gone.status_code == 404 and gone.get_json()["error"]["code"] == "job_not_found"
+
+
+def test_unfinished_jobs_do_not_expire(redis_url):
+    app, client = _client(redis_url=redis_url, result_ttl_s=1)
+    job = client.post("/v1/jobs", json={"prompt": "x"}).get_json()
+    assert (
+        app.extensions["fleet"].queue.redis.ttl(f"{app.extensions['fleet'].keys.job(job['id'])}")
+        == -1
+    )
+
+
+def test_redis_down_is_503_not_500():
+    _, client = _client(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    for response in (
+        client.post("/v1/jobs", json={"prompt": "x"}),
+        client.get("/v1/jobs/job_" + "a" * 32),
+    ):
+        assert response.status_code == 503
+        assert response.get_json()["error"]["code"] == "queue_unavailable"
+        assert response.headers["Retry-After"]
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and "redis" in ready.get_json()["reason"]
+    assert client.get("/healthz").status_code == 200
+
+
+def test_max_new_tokens_default_is_capped_by_the_limit(redis_url):
+    _, client = _client(redis_url=redis_url, max_new_tokens_limit=50)
+    job = client.post("/v1/jobs", json={"prompt": "x"}).get_json()
+    assert job["input"]["max_new_tokens"] == 50
+    too_many = client.post("/v1/jobs", json={"prompt": "x", "max_new_tokens": 51})
+    assert too_many.status_code == 422
+
+
+def test_settings_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("GATEWAY_PORT", "8123")
+    monkeypatch.setenv("MAX_BATCH_SIZE", "4")
+    monkeypatch.setenv("MODEL", "")
+    settings = Settings()
+    assert (settings.gateway_port, settings.max_batch_size, settings.model) == (8123, 4, None)
+    assert settings.served_model == "demo/qwen3.5-tiny-awq"
+    assert settings.effective_redis_url == "redis://127.0.0.1:6380/0"
+    monkeypatch.setenv("MAX_BATCH_SIZE", "0")
+    with pytest.raises(ValidationError, match="max_batch_size"):
+        Settings()

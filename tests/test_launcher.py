@@ -1,0 +1,89 @@
+"""``make up``'s launcher: two fleets side by side, each serving, each stopping cleanly."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import requests
+
+from fleet.processes import free_port, wait_until
+from tests.conftest import ROOT, fleet_env
+
+
+class Launcher:
+    def __init__(self, tmp_path, name: str) -> None:
+        self.gateway_port, self.flower_port, self.redis_port = free_port(), free_port(), free_port()
+        self.data_dir = tmp_path / name
+        env = fleet_env(
+            "",
+            gateway_port=self.gateway_port,
+            flower_port=self.flower_port,
+            embedded_redis_port=self.redis_port,
+            data_dir=self.data_dir,
+        )
+        env.pop("REDIS_URL")  # the launcher starts its own embedded Redis
+        self.log = tmp_path / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet.up"], cwd=ROOT, env=env,
+            stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_up(self) -> None:
+        def up() -> bool:
+            assert self.proc.poll() is None, self.output()[-3000:]
+            return "fleet is up" in self.output()
+
+        wait_until(up, 300, f"launcher did not come up:\n{self.output()[-3000:]}")
+
+
+def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_model_path):
+    fleets = [Launcher(tmp_path, "a"), Launcher(tmp_path, "b")]
+    try:
+        for launcher in fleets:
+            launcher.wait_up()
+        children = {f: psutil.Process(f.proc.pid).children(recursive=True) for f in fleets}
+        for launcher in fleets:
+            names = " ".join(" ".join(c.cmdline()) for c in children[launcher])
+            for expected in ("redis-server", "gunicorn", "worker", "flower"):
+                assert expected in names, names
+            out = launcher.output()
+            assert f"http://127.0.0.1:{launcher.gateway_port}" in out
+            assert f"http://127.0.0.1:{launcher.flower_port}" in out
+
+            response = requests.post(
+                f"{launcher.base}/v1/jobs", json={"prompt": "Hi", "max_new_tokens": 4},
+                headers={"Prefer": "wait=60"}, timeout=90,
+            )  # fmt: skip
+            assert response.status_code == 200 and response.json()["status"] == "succeeded"
+            flower = requests.get(
+                f"http://127.0.0.1:{launcher.flower_port}/healthcheck", timeout=10
+            )
+            assert flower.status_code == 200
+            # The embedded Redis persists with AOF under the fleet's own data directory.
+            assert list((launcher.data_dir / "redis").rglob("*.aof")), "no AOF file"
+
+        fleets[0].proc.send_signal(signal.SIGTERM)
+        fleets[1].proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        for launcher in fleets:
+            assert launcher.proc.wait(180) == 0, launcher.output()[-3000:]
+            assert "stopped" in launcher.output()
+        time.sleep(0.5)
+        left = [
+            c for cs in children.values() for c in cs if c.is_running() and c.status() != "zombie"
+        ]
+        assert not left, [c.cmdline() for c in left]
+    finally:
+        for launcher in fleets:
+            if launcher.proc.poll() is None:
+                launcher.proc.kill()
