@@ -56,10 +56,8 @@ class Process:
     def stop(self, timeout_s: float = 30) -> int:
         if self.alive():
             self.signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
         self.signal(signal.SIGKILL)
         code = self.popen.wait()
         self._out.close()

@@ -36,7 +36,13 @@ def test_mixed_batch_gives_each_job_its_own_settings(fleet):
     bodies = {"greedy": greedy, "stopped": stopped, "seeded": seeded, "nucleus": nucleus,
               "long": long_greedy}  # fmt: skip
     with ThreadPoolExecutor(len(bodies)) as pool:
-        ids = dict(zip(bodies, pool.map(lambda b: fleet.submit(b).json()["id"], bodies.values())))
+        ids = dict(
+            zip(
+                bodies,
+                pool.map(lambda b: fleet.submit(b).json()["id"], bodies.values()),
+                strict=True,
+            )
+        )
     fleet.wait_done(blocker["id"])
     done = {name: fleet.wait_done(job_id) for name, job_id in ids.items()}
 

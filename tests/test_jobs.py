@@ -14,9 +14,8 @@ def _ts(value: str) -> datetime:
 
 
 def test_submit_then_poll(fleet):
-    response = fleet.submit(
-        {"prompt": "The queue worker", "max_new_tokens": 12, "metadata": {"user": "42"}}
-    )
+    body = {"prompt": "The queue worker", "max_new_tokens": 12, "metadata": {"user": "42"}}
+    response = fleet.submit(body)
     assert response.status_code == 202
     job = response.json()
     assert response.headers["Location"] == f"/v1/jobs/{job['id']}"
@@ -37,9 +36,8 @@ def test_submit_then_poll(fleet):
     metrics = done["metrics"]
     assert metrics["queue_seconds"] >= 0 and metrics["inference_seconds"] > 0
     assert metrics["batch_size"] >= 1
-    assert done["input"] == {
-        "prompt": "The queue worker", "max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0, "stop": [],
-    }  # fmt: skip
+    defaults = {"temperature": 0.0, "top_p": 1.0, "stop": []}
+    assert done["input"] == {"prompt": body["prompt"], "max_new_tokens": 12, **defaults}
 
 
 def test_messages_use_the_chat_template(fleet):

@@ -27,10 +27,14 @@ class Launcher:
         )
         env.pop("REDIS_URL")  # the launcher starts its own embedded Redis
         self.log = tmp_path / f"{name}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet.up"], cwd=ROOT, env=env,
-            stdout=open(self.log, "wb"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fleet.up"],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     @property
     def base(self) -> str:
