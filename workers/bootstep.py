@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from celery import bootsteps
 
@@ -18,10 +19,11 @@ from shared.jobs import Keys
 from shared.queue import JobQueue
 from shared.redis_client import connect
 from shared.settings import get_settings
-from workers.batcher import BatchLoop
-from workers.engine import Engine, pick_device
 from workers.liveness import Heartbeat
-from workers.model_source import resolve_model_path
+
+if TYPE_CHECKING:  # torch and transformers load only in a worker, not in Flower or the CLI
+    from workers.batcher import BatchLoop
+    from workers.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,10 @@ class BatchLoopStep(bootsteps.StartStopStep):
         self.thread.start()
 
     def _serve(self, worker_name: str) -> None:
+        from workers.batcher import BatchLoop
+        from workers.engine import Engine, pick_device
+        from workers.model_source import resolve_model_path
+
         settings = get_settings()
         try:
             self.engine = Engine(resolve_model_path(settings), pick_device(settings.device))
