@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Flask, current_app
 from werkzeug.local import LocalProxy
 
+from gateway.backpressure import Backpressure
 from gateway.waiting import JobWaiter
 from shared.jobs import Keys
 from shared.queue import JobQueue
@@ -20,6 +21,7 @@ class Fleet:
         self.keys = Keys(settings.key_prefix)
         self.queue = JobQueue(connect(settings), self.keys, settings.result_ttl_s)
         # The subscriber blocks on its socket for as long as no job ends: no read timeout.
+        self.backpressure = Backpressure(self.queue, settings.max_queue_depth)
         self.waiter = JobWaiter(
             connect(settings, socket_timeout=None), self.keys.job_finished_channel
         )

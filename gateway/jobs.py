@@ -8,14 +8,17 @@ import re
 from flask import Blueprint, jsonify, request, url_for
 from spectree import Response
 
+from gateway.backpressure import QueueFull
 from gateway.errors import APIError
 from gateway.extensions import fleet
 from gateway.openapi import ErrorBody, api_spec
 from shared.jobs import Job, JobCreate, is_job_id
+from shared.queue import IdempotencyConflict, IdempotentJobExpired, fingerprint
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
 MAX_WAIT_S = 60
+_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # visible ASCII, as Stripe's
 _PREFER_WAIT = re.compile(r"(?:^|[,;]\s*)wait(?:=(\d+))?\s*(?:$|[,;])", re.IGNORECASE)
 
 
@@ -29,6 +32,7 @@ _PREFER_WAIT = re.compile(r"(?:^|[,;]\s*)wait(?:=(\d+))?\s*(?:$|[,;])", re.IGNOR
         HTTP_413=ErrorBody,
         HTTP_415=ErrorBody,
         HTTP_422=ErrorBody,
+        HTTP_429=ErrorBody,
         HTTP_503=ErrorBody,
     ),
     tags=["jobs"],
@@ -39,10 +43,15 @@ def create_job():
 
     Answers 202 with the queued job and its Location. With `Prefer: wait=N` (N <= 60) the
     request is held until the job ends (200) or N seconds pass (202, the job as it stands).
+    With an `Idempotency-Key`, a repeat of the same request within 24 h returns the first
+    job (header `Idempotent-Replayed: true`) and creates none; a different body is a 422.
+    While the model's backlog is over MAX_QUEUE_DEPTH the answer is 429 with Retry-After.
     """
     wait_s = _prefer_wait()
+    idempotency_key = _idempotency_key()
+    raw = _json_body()
     body = JobCreate.model_validate(
-        _json_body(), context={"max_new_tokens_limit": fleet.settings.max_new_tokens_limit}
+        raw, context={"max_new_tokens_limit": fleet.settings.max_new_tokens_limit}
     )
     model = body.model or fleet.settings.served_model
     if model not in fleet.served_models():
@@ -52,10 +61,62 @@ def create_job():
             f"model '{model}' is not served here; see GET /v1/models",
             param="model",
         )
-    job = fleet.queue.submit(model, body.job_input(), body.metadata)
-    if wait_s:
+    try:
+        fleet.backpressure.check(model)
+    except QueueFull as full:
+        error = APIError(
+            429, "queue_full",
+            f"model '{model}' has {full.backlog} jobs waiting (MAX_QUEUE_DEPTH "
+            f"{fleet.settings.max_queue_depth}); retry after {full.retry_after_s} s",
+        ).response()  # fmt: skip
+        error[0].headers["Retry-After"] = str(full.retry_after_s)
+        return error
+    try:
+        submitted = fleet.queue.submit(
+            model, body.job_input(), body.metadata, timeout_s=body.timeout_s,
+            idempotency_key=idempotency_key, fingerprint=fingerprint(raw),
+        )  # fmt: skip
+    except IdempotencyConflict as exc:
+        raise APIError(
+            422, "idempotency_key_reused",
+            f"Idempotency-Key was used for a different request (job {exc})",
+        ) from None  # fmt: skip
+    except IdempotentJobExpired as exc:
+        raise APIError(
+            409, "idempotent_job_expired",
+            f"Idempotency-Key names job {exc}, whose result has expired; use a new key",
+        ) from None  # fmt: skip
+    job = submitted.job
+    if wait_s and not job.status.terminal:
         job = fleet.waiter.wait(job.id, wait_s, lambda: fleet.queue.get(job.id)) or job
-    return _job_response(job, 200 if job.status.terminal else 202, wait_s)
+    response = _job_response(job, 200 if job.status.terminal else 202, wait_s)
+    if submitted.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
+
+
+@bp.post("/<job_id>/cancel")
+@api_spec.validate(
+    resp=Response(HTTP_200=Job, HTTP_202=Job, HTTP_404=ErrorBody, HTTP_409=ErrorBody),
+    tags=["jobs"],
+    skip_validation=True,
+)
+def cancel_job(job_id: str):
+    """Cancel a job.
+
+    A queued job ends `canceled` at once and never runs (200). A running one stops at its
+    next generated token and then ends `canceled` (202; its batch-mates go on). A job that
+    already ended is a 409.
+    """
+    before = fleet.queue.get(job_id) if is_job_id(job_id) else None
+    if before is None:
+        raise APIError(404, "job_not_found", f"no job '{job_id}' (unknown, or its result expired)")
+    if before.status.terminal:
+        raise APIError(409, "job_already_ended", f"job {job_id} already ended '{before.status}'")
+    job = fleet.queue.cancel(job_id) or before
+    if job.status.terminal and job.status != "canceled":
+        raise APIError(409, "job_already_ended", f"job {job_id} already ended '{job.status}'")
+    return _job_response(job, 200 if job.status.terminal else 202, None)
 
 
 @bp.get("/<job_id>")
@@ -98,6 +159,17 @@ def _json_body() -> dict:
 
 def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _idempotency_key() -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return None
+    if not _IDEMPOTENCY_KEY.match(key):
+        raise APIError(
+            400, "invalid_header", "Idempotency-Key must be 1-255 visible ASCII characters"
+        )
+    return key
 
 
 def _prefer_wait() -> int | None:

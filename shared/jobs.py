@@ -12,6 +12,9 @@ Key scheme (``P`` is ``KEY_PREFIX``, default ``fleet``)::
     P:workers:{model}     zset    worker name -> unix time of its last heartbeat
     P:worker:{name}       hash    what a worker serves (model, device, loaded_at); expires
     P:job-finished        channel job ids, published when a job reaches a terminal state
+    P:dead:{model}        stream  dead letters: entries delivered more than MAX_DELIVERIES
+                                  times, {job, entry, deliveries, at}
+    P:idem:{key}          string  Idempotency-Key -> "job id fingerprint"; expires in 24 h
 """
 
 from __future__ import annotations
@@ -54,16 +57,24 @@ class Keys:
     def worker(self, name: str) -> str:
         return f"{self.prefix}:worker:{name}"
 
+    def dead_letters(self, model: str) -> str:
+        return f"{self.prefix}:dead:{model}"
+
+    def idempotency(self, key: str) -> str:
+        return f"{self.prefix}:idem:{key}"
+
 
 class JobStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELED = "canceled"
+    EXPIRED = "expired"
 
     @property
     def terminal(self) -> bool:
-        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+        return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 TERMINAL_STATUSES = frozenset(s.value for s in JobStatus if s.terminal)
@@ -142,13 +153,20 @@ class JobCreate(JobInput):
     """Body of ``POST /v1/jobs``."""
 
     model: str | None = Field(None, description="Served model id. Default: the fleet's model.")
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=7 * 86_400,
+        description="Deadline from submission: queued past it, the "
+        "job ends expired without running; running past it, it is stopped and ends expired.",
+    )
     metadata: dict[MetadataKey, MetadataValue] = Field(
         default_factory=dict, max_length=16, description="Your own labels, returned as given."
     )
 
     def job_input(self) -> JobInput:
         return JobInput.model_validate(
-            self.model_dump(exclude={"model", "metadata"}, exclude_none=True)
+            self.model_dump(exclude={"model", "metadata", "timeout_s"}, exclude_none=True)
         )
 
 
@@ -187,6 +205,8 @@ class Job(BaseModel):
     created_at: str
     started_at: str | None = None
     completed_at: str | None = None
+    deadline: str | None = None
+    cancel_requested: bool = False
     input: dict[str, Any]
     output: Output | None = None
     error: JobError | None = None
@@ -206,17 +226,25 @@ def rfc3339(ts: float | None) -> str | None:
 
 
 def new_record(
-    job_id: str, model: str, job_input: JobInput, metadata: dict[str, str]
+    job_id: str,
+    model: str,
+    job_input: JobInput,
+    metadata: dict[str, str],
+    timeout_s: float | None = None,
 ) -> dict[str, str]:
     """The hash a new job is stored as (all values are strings, as Redis keeps them)."""
-    return {
+    now = time.time()
+    record = {
         "id": job_id,
         "model": model,
         "status": JobStatus.QUEUED.value,
-        "created_at": repr(time.time()),
+        "created_at": repr(now),
         "input": job_input.model_dump_json(exclude_none=True),
         "metadata": json.dumps(metadata),
     }
+    if timeout_s is not None:
+        record["deadline"] = repr(now + timeout_s)
+    return record
 
 
 def terminal_fields(
@@ -224,16 +252,15 @@ def terminal_fields(
     status: JobStatus,
     output: Output | None = None,
     error: JobError | None = None,
-    inference_seconds: float,
-    batch_size: int,
+    inference_seconds: float | None = None,
+    batch_size: int | None = None,
 ) -> dict[str, str]:
-    """The hash fields a worker writes when a job ends."""
-    fields = {
-        "status": status.value,
-        "completed_at": repr(time.time()),
-        "inference_seconds": repr(inference_seconds),
-        "batch_size": str(batch_size),
-    }
+    """The hash fields written when a job ends."""
+    fields = {"status": status.value, "completed_at": repr(time.time())}
+    if inference_seconds is not None:
+        fields["inference_seconds"] = repr(inference_seconds)
+    if batch_size is not None:
+        fields["batch_size"] = str(batch_size)
     if output is not None:
         fields["output"] = output.model_dump_json()
     if error is not None:
@@ -261,6 +288,8 @@ def job_from_record(record: dict[str, str]) -> Job:
         created_at=rfc3339(created) or "",
         started_at=rfc3339(started),
         completed_at=rfc3339(ts("completed_at")),
+        deadline=rfc3339(ts("deadline")),
+        cancel_requested=record.get("cancel_requested") == "1",
         input=json.loads(record.get("input") or "{}"),
         output=Output.model_validate_json(record["output"]) if record.get("output") else None,
         error=JobError.model_validate_json(record["error"]) if record.get("error") else None,

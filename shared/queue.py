@@ -1,73 +1,43 @@
 """Every Redis operation on jobs, streams and worker liveness: the one owner of them.
 
-The gateway submits and reads jobs; workers read entries, start jobs and finish them.
-Each multi-key change is one atomic step (a MULTI pipeline or a Lua script below), so a
-crash between two commands can never leave a half-written job:
+The gateway submits, reads and cancels jobs; workers read entries, start jobs, finish
+them, reclaim entries of dead workers and dead-letter poison ones. Each multi-key change
+is one atomic Lua script, documented with its invariants in :mod:`shared.scripts`.
 
-* ``submit`` (script ``_SUBMIT``): XADD the entry, then HSET the record. Redis never rolls
-  a script back, so the order matters: if the append fails, nothing was written; an entry
-  whose record is missing would only be dropped by the worker.
-* ``start`` (script ``_START``): queued/running -> running, stamping started_at and the
-  worker. A job that is gone or already terminal is reported as such and not touched.
-* ``finish`` (script ``_FINISH``): store the terminal fields unless the job is already
-  terminal, set its TTL, publish its id, then XACK and XDEL the entry. The entry is
-  acknowledged only in the same step that stored the result, and only acknowledged
-  entries are ever deleted from a stream, so nothing unread is trimmed.
+Delivery and recovery, in Redis Streams terms: a worker reads new entries with
+``XREADGROUP >``; while it works on them it refreshes their idle time every heartbeat
+(``XCLAIM ... JUSTID``), so a live worker's entries never look abandoned however long its
+batch runs. Entries idle longer than CLAIM_IDLE_S belong to a dead worker and are taken
+over with ``XAUTOCLAIM``; a restarted worker re-reads its own pending entries (``0``).
+Every such re-delivery counts; past MAX_DELIVERIES the entry is dead-lettered.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 
 import redis
 
+from shared import scripts
 from shared.jobs import (
     CONSUMER_GROUP,
-    TERMINAL_STATUSES,
     Job,
+    JobError,
     JobInput,
+    JobStatus,
     Keys,
     job_from_record,
     new_job_id,
     new_record,
+    terminal_fields,
 )
 
-# KEYS: stream, job. ARGV: job id, field, value, ... Returns the entry id.
-_SUBMIT = """
-local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1])
-redis.call('HSET', KEYS[2], unpack(ARGV, 2))
-return entry
-"""
-
-_TERMINAL_LUA = "{" + ", ".join(f"['{s}'] = true" for s in sorted(TERMINAL_STATUSES)) + "}"
-
-# KEYS: job. ARGV: now, worker. Returns {status, input, created_at} or {} if the job is gone.
-_START = f"""
-local terminal = {_TERMINAL_LUA}
-local rec = redis.call('HMGET', KEYS[1], 'status', 'input', 'created_at')
-if not rec[1] then return {{}} end
-if terminal[rec[1]] then return {{rec[1]}} end
-redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2])
-return {{'running', rec[2], rec[3]}}
-"""
-
-# KEYS: job, stream. ARGV: group, entry id, ttl, channel, job id, field, value, ...
-# Returns 1 if the result was stored, 0 if the job was gone or already terminal.
-_FINISH = f"""
-local terminal = {_TERMINAL_LUA}
-local status = redis.call('HGET', KEYS[1], 'status')
-local stored = 0
-if status and not terminal[status] and #ARGV >= 6 then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 6))
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
-  stored = 1
-end
-redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[2], ARGV[2])
-return stored
-"""
+IDEMPOTENCY_TTL_S = 86_400
+DEADLINE_ERROR = JobError(code="deadline_exceeded", message="the job's timeout_s passed")
+CRASH_ERROR = "worker_crashed"
 
 
 @dataclass(frozen=True)
@@ -83,12 +53,28 @@ class StartedJob:
     entry: Entry
     input: JobInput
     created_at: float
+    deadline: float | None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: Job
+    replayed: bool  # an earlier request with this Idempotency-Key made the job
+
+
+class IdempotencyConflict(Exception):
+    """The Idempotency-Key was used before with a different request body."""
+
+
+class IdempotentJobExpired(Exception):
+    """The Idempotency-Key names a job whose record has expired."""
 
 
 @dataclass(frozen=True)
 class Backlog:
     undelivered: int
     pending: int
+    entries_read: int = 0  # ever delivered to the group: its growth is the drain rate
 
     @property
     def total(self) -> int:
@@ -102,9 +88,13 @@ class JobQueue:
         self.redis = client
         self.keys = keys
         self.result_ttl_s = result_ttl_s
-        self._submit = client.register_script(_SUBMIT)
-        self._start = client.register_script(_START)
-        self._finish = client.register_script(_FINISH)
+        self._submit = client.register_script(scripts.SUBMIT)
+        self._start = client.register_script(scripts.START)
+        self._finish = client.register_script(scripts.FINISH)
+        self._end_if = client.register_script(scripts.END_IF)
+        self._request_cancel = client.register_script(scripts.REQUEST_CANCEL)
+        self._dead_letter = client.register_script(scripts.DEAD_LETTER)
+        self._requeue = client.register_script(scripts.REQUEUE)
         self._groups: set[str] = set()  # models whose group this process has made sure of
 
     # --- both sides ----------------------------------------------------------------------
@@ -118,8 +108,23 @@ class JobQueue:
                 raise
 
     def get(self, job_id: str) -> Job | None:
+        """The job; a queued job past its deadline is expired on the way (no worker may be up)."""
         record = self.redis.hgetall(self.keys.job(job_id))
-        return job_from_record(record) if record else None
+        if not record:
+            return None
+        deadline = record.get("deadline")
+        if record["status"] == JobStatus.QUEUED and deadline and float(deadline) < time.time():
+            fields = terminal_fields(status=JobStatus.EXPIRED, error=DEADLINE_ERROR)
+            self._end(job_id, JobStatus.QUEUED, fields)
+            record = self.redis.hgetall(self.keys.job(job_id)) or record
+        return job_from_record(record)
+
+    def _end(self, job_id: str, expected: JobStatus, fields: dict[str, str]) -> str:
+        return self._end_if(
+            keys=[self.keys.job(job_id)],
+            args=[expected.value, self.result_ttl_s, self.keys.job_finished_channel, job_id,
+                  *_pairs(fields)],
+        )  # fmt: skip
 
     def backlog(self, model: str) -> Backlog:
         try:
@@ -128,20 +133,56 @@ class JobQueue:
             return Backlog(0, 0)
         for group in groups:
             if group["name"] == CONSUMER_GROUP:
-                return Backlog(int(group.get("lag") or 0), int(group["pending"]))
+                return Backlog(
+                    int(group.get("lag") or 0),
+                    int(group["pending"]),
+                    int(group.get("entries-read") or 0),
+                )
         return Backlog(0, 0)
 
     # --- gateway side --------------------------------------------------------------------
 
-    def submit(self, model: str, job_input: JobInput, metadata: dict[str, str]) -> Job:
+    def submit(
+        self,
+        model: str,
+        job_input: JobInput,
+        metadata: dict[str, str],
+        *,
+        timeout_s: float | None = None,
+        idempotency_key: str | None = None,
+        fingerprint: str = "",
+    ) -> Submitted:
+        """Queue a job. With an Idempotency-Key seen before, return that job instead."""
         if model not in self._groups:  # so the lag is known (and KEDA can scale) before any
             self.ensure_group(model)  # worker has started
             self._groups.add(model)
         job_id = new_job_id()
-        record = new_record(job_id, model, job_input, metadata)
-        keys = [self.keys.stream(model), self.keys.job(job_id)]
-        self._submit(keys=keys, args=[job_id, *_pairs(record)])
-        return job_from_record(record)
+        record = new_record(job_id, model, job_input, metadata, timeout_s)
+        idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
+        outcome, value = self._submit(
+            keys=[self.keys.stream(model), self.keys.job(job_id), idem],
+            args=[job_id, fingerprint, IDEMPOTENCY_TTL_S, *_pairs(record)],
+        )
+        if outcome == "created":
+            return Submitted(job_from_record(record), replayed=False)
+        prior_id, _, prior_fingerprint = value.partition(" ")
+        if prior_fingerprint != fingerprint:
+            raise IdempotencyConflict(prior_id)
+        prior = self.get(prior_id)
+        if prior is None:
+            raise IdempotentJobExpired(prior_id)
+        return Submitted(prior, replayed=True)
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Cancel a queued job now, or ask its worker to stop a running one at its next token.
+
+        Returns the job as it stands (None if unknown); a job already terminal is unchanged.
+        """
+        fields = terminal_fields(status=JobStatus.CANCELED)
+        status = self._end(job_id, JobStatus.QUEUED, fields)
+        if status == JobStatus.RUNNING:
+            self._request_cancel(keys=[self.keys.job(job_id)])
+        return self.get(job_id) if status else None
 
     def ready_workers(self, model: str, max_age_s: float) -> int:
         return self.redis.zcount(self.keys.workers(model), time.time() - max_age_s, "+inf")
@@ -176,19 +217,97 @@ class JobQueue:
     def start(
         self, model: str, entries: list[Entry], worker: str
     ) -> tuple[list[StartedJob], list[Entry]]:
-        """Mark jobs running. Returns the jobs to run, and entries to drop (job gone or ended)."""
+        """Mark jobs running. Returns the jobs to run, and entries to drop: their job is gone,
+        ended, canceled before it started, or past its deadline (then ended ``expired``)."""
         now = repr(time.time())
+        error = DEADLINE_ERROR.model_dump_json()
+        channel = self.keys.job_finished_channel
         pipe = self.redis.pipeline(transaction=False)
         for entry in entries:
-            self._start(keys=[self.keys.job(entry.job_id)], args=[now, worker], client=pipe)
+            self._start(
+                keys=[self.keys.job(entry.job_id)],
+                args=[now, worker, self.result_ttl_s, channel, entry.job_id, error],
+                client=pipe,
+            )
         started, dropped = [], []
         for entry, reply in zip(entries, pipe.execute(), strict=True):
-            if len(reply) == 3:
+            if len(reply) == 4:
                 job_input = JobInput.model_validate_json(reply[1])
-                started.append(StartedJob(entry, job_input, float(reply[2])))
+                deadline = float(reply[3]) if reply[3] else None
+                started.append(StartedJob(entry, job_input, float(reply[2]), deadline))
             else:
                 dropped.append(entry)
         return started, dropped
+
+    def cancel_requested(self, job_ids: list[str]) -> set[str]:
+        """Which of these running jobs a client asked to cancel."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(self.keys.job(job_id), "cancel_requested")
+        return {j for j, flag in zip(job_ids, pipe.execute(), strict=True) if flag == "1"}
+
+    def touch(self, model: str, consumer: str, entries: list[Entry]) -> None:
+        """Reset the idle time of entries this live worker is still working on."""
+        if entries:
+            self.redis.xclaim(
+                self.keys.stream(model), CONSUMER_GROUP, consumer, 0,
+                [e.entry_id for e in entries], justid=True,
+            )  # fmt: skip
+
+    def claim_abandoned(self, model: str, consumer: str, idle_ms: int, count: int) -> list[Entry]:
+        """Take over entries idle longer than idle_ms: their worker died without acking."""
+        stream = self.keys.stream(model)
+        reply = self.redis.xautoclaim(stream, CONSUMER_GROUP, consumer, idle_ms, "0-0", count=count)
+        messages, deleted = reply[1], reply[2] if len(reply) > 2 else []
+        if deleted:  # ids in the group's pending list whose entries no longer exist
+            self.redis.xack(stream, CONSUMER_GROUP, *deleted)
+        return [Entry(entry_id, fields["job"]) for entry_id, fields in messages if fields]
+
+    def deliveries(self, model: str, consumer: str, entries: list[Entry]) -> dict[str, int]:
+        """How many times each of these entries (pending for this consumer) was delivered."""
+        if not entries:
+            return {}
+        ids = sorted((e.entry_id for e in entries), key=_id_key)
+        rows = self.redis.xpending_range(
+            self.keys.stream(model), CONSUMER_GROUP, ids[0], ids[-1], len(entries) + 1000,
+            consumername=consumer,
+        )  # fmt: skip
+        counts = {row["message_id"]: int(row["times_delivered"]) for row in rows}
+        return {e.entry_id: counts.get(e.entry_id, 1) for e in entries}
+
+    def dead_letter(self, model: str, entry: Entry, deliveries: int) -> None:
+        """Move a poison entry to the dead-letter stream; its job fails ``worker_crashed``."""
+        error = JobError(
+            code=CRASH_ERROR,
+            message=f"the worker running this job died {deliveries - 1} times; "
+            "the job was moved to the dead-letter queue",
+        )
+        fields = terminal_fields(status=JobStatus.FAILED, error=error)
+        self._dead_letter(
+            keys=[
+                self.keys.job(entry.job_id),
+                self.keys.stream(model),
+                self.keys.dead_letters(model),
+            ],
+            args=[CONSUMER_GROUP, entry.entry_id, entry.job_id, deliveries, repr(time.time()),
+                  self.result_ttl_s, self.keys.job_finished_channel, *_pairs(fields)],
+        )  # fmt: skip
+
+    def dead_letters(self, model: str, count: int = 1000) -> list[dict[str, str]]:
+        rows = self.redis.xrange(self.keys.dead_letters(model), count=count)
+        return [{"id": entry_id, **fields} for entry_id, fields in rows]
+
+    def requeue_dead_letter(self, model: str, letter_id: str) -> str | None:
+        """Queue a dead letter's job again; returns its new entry id (None if its job is gone)."""
+        rows = self.redis.xrange(self.keys.dead_letters(model), letter_id, letter_id)
+        if not rows:
+            raise KeyError(letter_id)
+        job_id = rows[0][1]["job"]
+        entry = self._requeue(
+            keys=[self.keys.dead_letters(model), self.keys.stream(model), self.keys.job(job_id)],
+            args=[letter_id, job_id],
+        )
+        return entry or None
 
     def finish(self, model: str, results: list[tuple[Entry, dict[str, str]]]) -> None:
         """Store each job's terminal fields and ack its entry, one atomic step per job."""
@@ -230,3 +349,15 @@ class JobQueue:
 def _pairs(mapping: dict[str, str]) -> list[str]:
     """A mapping as the flat field, value, ... list that HSET takes in a script."""
     return [item for pair in mapping.items() for item in pair]
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def fingerprint(body: dict) -> str:
+    """What makes two submissions with one Idempotency-Key the same request (key order and
+    whitespace aside)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]

@@ -10,7 +10,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEMO_MODEL_ID = "demo/qwen3.5-tiny-awq"
@@ -74,10 +74,37 @@ class Settings(BaseSettings):
         1_048_576, ge=1024, description="Largest request body the gateway accepts (413)."
     )
     worker_heartbeat_s: float = Field(
-        2.0, gt=0, description="How often a worker refreshes its liveness record."
+        2.0, gt=0, description="How often a worker refreshes its liveness record and claims."
     )
 
-    @field_validator("model", "model_name", "redis_url", "flower_basic_auth", mode="before")
+    # --- reliability ---------------------------------------------------------------------
+    claim_idle_s: float = Field(
+        30.0,
+        gt=0,
+        description="An entry idle this long belongs to a dead worker and is "
+        "taken over. Live workers refresh theirs every heartbeat, so a long batch never ages.",
+    )
+    max_deliveries: int = Field(
+        3, ge=1, description="Deliveries after which an entry is dead-lettered (poison job)."
+    )
+    max_queue_depth: int = Field(
+        10_000, ge=1, description="Backlog (unread + running) above which submits get 429."
+    )
+    fault_crash_marker: str | None = Field(
+        None,
+        description="Testing only: a worker dies (as if OOM-killed) on a prompt "
+        "containing this string. Never set it in production.",
+    )
+
+    @model_validator(mode="after")
+    def _claims_outlast_heartbeats(self) -> Settings:
+        if self.claim_idle_s < 3 * self.worker_heartbeat_s:
+            raise ValueError("CLAIM_IDLE_S must be at least 3 x WORKER_HEARTBEAT_S")
+        return self
+
+    @field_validator(
+        "model", "model_name", "redis_url", "flower_basic_auth", "fault_crash_marker", mode="before"
+    )
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

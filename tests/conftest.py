@@ -14,6 +14,7 @@ import requests
 
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
+from shared.jobs import TERMINAL_STATUSES
 from workers import demo_model
 
 ROOT = commands.ROOT
@@ -74,8 +75,10 @@ class Fleet:
     def url(self, path: str) -> str:
         return self.base_url + path
 
-    def submit(self, body: dict, wait: int | None = None, **kwargs) -> requests.Response:
-        headers = {"Prefer": f"wait={wait}"} if wait else {}
+    def submit(
+        self, body: dict, wait: int | None = None, headers: dict | None = None, **kwargs
+    ) -> requests.Response:
+        headers = dict(headers or {}) | ({"Prefer": f"wait={wait}"} if wait else {})
         return self.http.post(
             self.url("/v1/jobs"), json=body, headers=headers, timeout=90, **kwargs
         )
@@ -89,7 +92,7 @@ class Fleet:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             job = self.get(job_id)
-            if job["status"] in ("succeeded", "failed"):
+            if job["status"] in TERMINAL_STATUSES:
                 return job
             time.sleep(0.1)
         raise AssertionError(f"job {job_id} did not finish in {timeout_s}s: {job}")

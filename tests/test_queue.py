@@ -33,7 +33,7 @@ def _done(text: str = "hi") -> dict[str, str]:
 
 
 def test_submit_writes_record_and_entry_together(queue):
-    job = queue.submit(MODEL, JobInput(prompt="x"), {"k": "v"})
+    job = queue.submit(MODEL, JobInput(prompt="x"), {"k": "v"}).job
     assert queue.get(job.id).status == JobStatus.QUEUED
     entries = queue.redis.xrange(queue.keys.stream(MODEL))
     assert [fields["job"] for _, fields in entries] == [job.id]
@@ -48,7 +48,7 @@ def test_submit_is_one_atomic_step(queue):
 
 
 def test_finish_stores_then_acks_and_deletes_entry(queue):
-    job = queue.submit(MODEL, JobInput(prompt="x"), {})
+    job = queue.submit(MODEL, JobInput(prompt="x"), {}).job
     [entry] = queue.read(MODEL, "c1", 10, None)
     started, dropped = queue.start(MODEL, [entry], "c1")
     assert [s.entry for s in started] == [entry] and not dropped
@@ -63,7 +63,7 @@ def test_finish_stores_then_acks_and_deletes_entry(queue):
 
 
 def test_terminal_result_is_never_overwritten(queue):
-    job = queue.submit(MODEL, JobInput(prompt="x"), {})
+    job = queue.submit(MODEL, JobInput(prompt="x"), {}).job
     [entry] = queue.read(MODEL, "c1", 10, None)
     queue.start(MODEL, [entry], "c1")
     queue.finish(MODEL, [(entry, _done("first"))])
@@ -95,7 +95,7 @@ def test_own_pending_entries_are_read_again(queue):
 
 
 def test_start_drops_entries_of_vanished_jobs(queue):
-    job = queue.submit(MODEL, JobInput(prompt="x"), {})
+    job = queue.submit(MODEL, JobInput(prompt="x"), {}).job
     queue.redis.delete(queue.keys.job(job.id))
     [entry] = queue.read(MODEL, "c1", 10, None)
     started, dropped = queue.start(MODEL, [entry], "c1")

@@ -4,15 +4,19 @@ It runs in its own thread inside the Celery worker (see :mod:`workers.bootstep`)
 worker's event loop keeps answering heartbeats and remote control while a batch generates.
 One loop iteration is a short list of named steps::
 
-    recover own pending (after start or a lost connection) -> read -> start -> infer -> finish
+    retries (own pending after a restart or outage; entries of dead workers, now and then)
+      or read a micro-batch  ->  start  ->  infer  ->  finish (store + ack)
 
-Shutdown is warm: :meth:`BatchLoop.request_stop` lets the current batch finish and be
-acknowledged before the loop returns.
+Retried entries may be what killed a worker, so each runs alone, and one delivered more
+than MAX_DELIVERIES times is dead-lettered instead. Shutdown is warm:
+:meth:`BatchLoop.request_stop` lets the current batch finish and be acknowledged first.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from collections import deque
@@ -21,9 +25,9 @@ from dataclasses import dataclass, field
 import redis
 
 from shared.jobs import JobError, JobStatus, Output, Usage, terminal_fields
-from shared.queue import Entry, JobQueue, StartedJob
+from shared.queue import DEADLINE_ERROR, Entry, JobQueue, StartedJob
 from shared.settings import Settings
-from workers.engine import Completion, Engine, PromptTooLong
+from workers.engine import INTERRUPTIONS, Completion, Engine, PromptTooLong
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,9 @@ class BatchLoop:
         self.model = settings.served_model
         self.stats = LoopStats()
         self.busy_since: float | None = None
+        self.in_flight: list[Entry] = []  # refreshed every heartbeat so no one claims them
+        self.canceled: set[str] = set()  # job ids of the running batch a client canceled
+        self._next_claim = 0.0
         self._stop = threading.Event()
 
     def request_stop(self) -> None:
@@ -90,28 +97,51 @@ class BatchLoop:
     def run(self) -> None:
         """Serve until asked to stop. Redis outages are waited out, never fatal."""
         failures = 0
-        recover = True  # a (re)started worker first finishes entries it read but never acked
+        recovering = True  # a (re)started worker first finishes what it read but never acked
         while not self.stopping:
             try:
-                if recover:
+                if recovering:
                     self.queue.ensure_group(self.model)
-                entries = self.read_own_pending() if recover else self.next_batch()
-                recover = recover and bool(entries)
-                if entries:
-                    self.run_batch(entries)
+                    retries = self.queue.read(
+                        self.model, self.worker, self.settings.max_batch_size, None,
+                        own_pending=True,
+                    )  # fmt: skip
+                    recovering = bool(retries)
+                else:
+                    retries = self.claim_abandoned()
+                if retries:
+                    self.run_retries(retries)
+                else:
+                    self.run_batch(self.next_batch())
                 failures = 0
             except redis.RedisError as exc:
                 delay = RECONNECT_DELAY_S[min(failures, len(RECONNECT_DELAY_S) - 1)]
                 log.warning("redis unavailable (%s); retrying in %ss", exc, delay)
-                failures, recover = failures + 1, True
+                failures, recovering = failures + 1, True
                 self._stop.wait(delay)
 
     # --- steps ---------------------------------------------------------------------------
 
-    def read_own_pending(self) -> list[Entry]:
-        return self.queue.read(
-            self.model, self.worker, self.settings.max_batch_size, None, own_pending=True
+    def claim_abandoned(self) -> list[Entry]:
+        """Now and then, take over entries whose worker died (idle past CLAIM_IDLE_S)."""
+        if time.monotonic() < self._next_claim:
+            return []
+        self._next_claim = time.monotonic() + self.settings.worker_heartbeat_s
+        idle_ms = int(self.settings.claim_idle_s * 1000)
+        return self.queue.claim_abandoned(
+            self.model, self.worker, idle_ms, self.settings.max_batch_size
         )
+
+    def run_retries(self, entries: list[Entry]) -> None:
+        """Dead-letter poison entries; run each other one alone, in case it is the killer."""
+        deliveries = self.queue.deliveries(self.model, self.worker, entries)
+        for entry in entries:
+            if deliveries[entry.entry_id] > self.settings.max_deliveries:
+                log.error("job %s dead-lettered after %d deliveries", entry.job_id,
+                          deliveries[entry.entry_id])  # fmt: skip
+                self.queue.dead_letter(self.model, entry, deliveries[entry.entry_id])
+            else:
+                self.run_batch([entry])
 
     def next_batch(self) -> list[Entry]:
         """Wait for a first entry, then up to MAX_BATCH_WAIT_MS for the batch to fill."""
@@ -129,17 +159,29 @@ class BatchLoop:
         return entries
 
     def run_batch(self, entries: list[Entry]) -> None:
-        started, dropped = self.queue.start(self.model, entries, self.worker)
-        if dropped:
-            self.queue.drop(self.model, dropped)
-        if not started:
+        if not entries:
             return
-        self.busy_since = time.monotonic()
+        self.in_flight = entries
         try:
-            results = self.infer(started)
+            started, dropped = self.queue.start(self.model, entries, self.worker)
+            if dropped:
+                self.queue.drop(self.model, dropped)
+            if not started:
+                return
+            self.busy_since = time.monotonic()
+            try:
+                results = self.infer(started)
+            finally:
+                self.busy_since = None
+            self.queue.finish(self.model, results)
         finally:
-            self.busy_since = None
-        self.queue.finish(self.model, results)
+            self.in_flight, self.canceled = [], set()
+
+    def watch_cancels(self) -> None:
+        """Called by the heartbeat thread often: note which running jobs were canceled."""
+        entries = self.in_flight
+        if entries and self.busy_since is not None:
+            self.canceled = self.queue.cancel_requested([e.job_id for e in entries])
 
     def infer(self, jobs: list[StartedJob]) -> list[tuple[Entry, dict[str, str]]]:
         """Generate for every job; a job that fails on its own input fails alone."""
@@ -156,6 +198,7 @@ class BatchLoop:
             except Exception as exc:  # a template or tokenizer error on this input alone
                 failures[job.entry.job_id] = JobError(code="invalid_input", message=str(exc))
                 continue
+            self._maybe_crash(job)
             runnable.append(job)
             prompts.append(ids)
         completions = self._generate(runnable, prompts, failures)
@@ -164,10 +207,19 @@ class BatchLoop:
         results = []
         for job in jobs:
             job_id = job.entry.job_id
-            if job_id in completions:
+            completion = completions.get(job_id)
+            if completion is not None and completion.finish_reason in INTERRUPTIONS:
+                expired = completion.finish_reason == "expired"
+                fields = terminal_fields(
+                    status=JobStatus.EXPIRED if expired else JobStatus.CANCELED,
+                    error=DEADLINE_ERROR if expired else None,
+                    inference_seconds=seconds,
+                    batch_size=len(jobs),
+                )
+            elif completion is not None:
                 fields = terminal_fields(
                     status=JobStatus.SUCCEEDED,
-                    output=_output(completions[job_id]),
+                    output=_output(completion),
                     inference_seconds=seconds,
                     batch_size=len(jobs),
                 )
@@ -187,8 +239,15 @@ class BatchLoop:
         """Run the batch; if it raises, run each job alone to find the one that fails."""
         if not jobs:
             return {}
+
+        def interrupt(i: int) -> str | None:
+            if jobs[i].entry.job_id in self.canceled:
+                return "canceled"
+            deadline = jobs[i].deadline
+            return "expired" if deadline is not None and time.time() > deadline else None
+
         try:
-            outs = self.engine.generate([j.input for j in jobs], prompts)
+            outs = self.engine.generate([j.input for j in jobs], prompts, interrupt)
             return {j.entry.job_id: c for j, c in zip(jobs, outs, strict=True)}
         except Exception:
             if len(jobs) == 1:
@@ -202,6 +261,13 @@ class BatchLoop:
         for job, ids in zip(jobs, prompts, strict=True):
             completions.update(self._generate([job], [ids], failures))
         return completions
+
+    def _maybe_crash(self, job: StartedJob) -> None:
+        """Fault injection for tests (FAULT_CRASH_MARKER): die the way an OOM kill does."""
+        marker = self.settings.fault_crash_marker
+        if marker and marker in (job.input.prompt or ""):
+            log.error("fault injection: crashing on job %s", job.entry.job_id)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _output(c: Completion) -> Output:

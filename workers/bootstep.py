@@ -10,6 +10,8 @@ initialised in the one process that uses it.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 from typing import TYPE_CHECKING
 
@@ -40,6 +42,8 @@ class BatchLoopStep(bootsteps.StartStopStep):
         self.heartbeat: Heartbeat | None = None
         self.thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._draining = False
+        parent.fleet_step = self  # for the remote-control commands in workers.control
 
     def start(self, worker) -> None:
         self.thread = threading.Thread(
@@ -57,19 +61,29 @@ class BatchLoopStep(bootsteps.StartStopStep):
             self.engine = Engine(resolve_model_path(settings), pick_device(settings.device))
             self.engine.warm_up()
         except Exception:
-            log.exception("could not load the model; this worker serves nothing")
+            log.exception("could not load the model; shutting down")
+            os.kill(os.getpid(), signal.SIGTERM)
             return
         queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
         self.loop = BatchLoop(settings, queue, self.engine, worker_name)
-        self.heartbeat = Heartbeat(queue, settings, worker_name, self.engine.describe())
+        self.heartbeat = Heartbeat(queue, settings, self.loop, self.engine.describe())
         self.heartbeat.start()
-        if self._stopping.is_set():
+        if self._stopping.is_set() or self._draining:
             self.loop.request_stop()
         log.info("worker %s serving %s", worker_name, settings.served_model)
         try:
             self.loop.run()
         finally:
             self.heartbeat.stop()
+        if self._draining and not self._stopping.is_set():
+            log.info("drained; shutting down")
+            os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
+
+    def drain(self) -> None:
+        """Stop taking work; the current batch finishes and is acked, then the worker exits."""
+        self._draining = True
+        if self.loop is not None:
+            self.loop.request_stop()
 
     def stop(self, worker) -> None:
         # Called from a signal handler: set flags and join; no logging here.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from celery import Celery
 
 from shared.settings import get_settings
+from workers import control  # noqa: F401  (registers the fleet_* remote-control commands)
 from workers.bootstep import BatchLoopStep
 
 GPU_QUEUE = "gpu"  # GPU workers consume no Celery tasks today; this keeps them off others

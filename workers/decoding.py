@@ -78,6 +78,8 @@ class RowStopper(StoppingCriteria):
     prompt_len: int
     eos_ids: set[int]
     decode: Callable[[list[int]], str]
+    # Asked every token: a reason to stop row i now ("canceled", "expired") or None.
+    interrupt: Callable[[int], str | None] = lambda _i: None
     outcomes: list[RowOutcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -91,13 +93,16 @@ class RowStopper(StoppingCriteria):
         for i, row in enumerate(self.rows):
             outcome = self.outcomes[i]
             if outcome.reason is None:
-                reason = self._check(row, input_ids[i], generated)
+                reason = self._check(i, row, input_ids[i], generated)
                 if reason is not None:
                     outcome.tokens, outcome.reason = generated, reason
             done[i] = outcome.reason is not None
         return done
 
-    def _check(self, row: RowSettings, ids: torch.Tensor, generated: int) -> str | None:
+    def _check(self, i: int, row: RowSettings, ids: torch.Tensor, generated: int) -> str | None:
+        reason = self.interrupt(i)
+        if reason is not None:
+            return reason
         if int(ids[-1]) in self.eos_ids:
             return "eos"
         if row.stop:

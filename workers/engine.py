@@ -10,15 +10,19 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from shared.jobs import JobInput
-from workers.decoding import RowSampler, RowSettings, RowStopper
+from workers.decoding import RowOutcome, RowSampler, RowSettings, RowStopper
 
 log = logging.getLogger(__name__)
+
+
+INTERRUPTIONS = ("canceled", "expired")
 
 
 class PromptTooLong(ValueError):
@@ -28,7 +32,7 @@ class PromptTooLong(ValueError):
 @dataclass(frozen=True)
 class Completion:
     text: str
-    finish_reason: str  # "stop" or "length"
+    finish_reason: str  # "stop" or "length"; "canceled" or "expired" if interrupted
     prompt_tokens: int
     completion_tokens: int
 
@@ -101,9 +105,16 @@ class Engine:
 
     @torch.inference_mode()
     def generate(
-        self, jobs: list[JobInput], prompts: list[list[int]] | None = None
+        self,
+        jobs: list[JobInput],
+        prompts: list[list[int]] | None = None,
+        interrupt: Callable[[int], str | None] | None = None,
     ) -> list[Completion]:
-        """Run one micro-batch; each job gets its own limits, stop strings and sampling."""
+        """Run one micro-batch; each job gets its own limits, stop strings and sampling.
+
+        ``interrupt(i)`` is asked every token; a reason it returns ends row i there (cancel,
+        deadline) while the other rows go on.
+        """
         prompts = prompts or [self.prompt_ids(job) for job in jobs]
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -113,6 +124,8 @@ class Engine:
             attention[i, width - len(ids) :] = 1
         rows = [RowSettings(j.max_new_tokens, j.temperature, j.top_p, j.stop, j.seed) for j in jobs]
         stopper = RowStopper(rows, width, self.eos_ids, self.tokenizer.decode)
+        if interrupt is not None:
+            stopper.interrupt = interrupt
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
@@ -126,19 +139,19 @@ class Engine:
             stopping_criteria=[stopper],
         )
         return [
-            self._completion(
-                out[i, width:].tolist(), rows[i], stopper.outcomes[i].tokens, len(prompts[i])
-            )
+            self._completion(out[i, width:].tolist(), rows[i], stopper.outcomes[i], len(prompts[i]))
             for i in range(len(rows))
         ]
 
     def _completion(
-        self, generated: list[int], row: RowSettings, ended_at: int | None, prompt_tokens: int
+        self, generated: list[int], row: RowSettings, outcome: RowOutcome, prompt_tokens: int
     ) -> Completion:
-        n = min(ended_at or len(generated), row.max_new_tokens, len(generated))
+        n = min(outcome.tokens or len(generated), row.max_new_tokens, len(generated))
         tokens = generated[:n]
         finish = "length"
-        if tokens and tokens[-1] in self.eos_ids:
+        if outcome.reason in INTERRUPTIONS:
+            finish = outcome.reason
+        elif tokens and tokens[-1] in self.eos_ids:
             tokens, finish = tokens[:-1], "stop"
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         cuts = [text.find(s) for s in row.stop if s in text]

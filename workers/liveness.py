@@ -1,7 +1,12 @@
-"""Tells the fleet this worker has its model loaded, every WORKER_HEARTBEAT_S seconds.
+"""A worker's side thread: says it is alive, keeps its claims fresh, notices cancels.
 
-The gateway's ``/readyz`` and ``/v1/models`` read these records. A heartbeat thread is
-separate from the batch loop, so a long batch never makes a live worker look dead.
+Separate from the batch loop, so a long batch never makes a live worker look dead:
+
+* every WORKER_HEARTBEAT_S: refresh the worker's liveness record (read by ``/readyz`` and
+  ``/v1/models``) and reset the idle time of the entries it is working on, so no other
+  worker claims them (they would only after CLAIM_IDLE_S without a refresh);
+* every CANCEL_POLL_S while a batch runs: read which of its jobs clients canceled, so the
+  batch stops those rows at their next token.
 """
 
 from __future__ import annotations
@@ -10,20 +15,29 @@ import contextlib
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import redis
 
 from shared.queue import JobQueue
 from shared.settings import Settings
 
+if TYPE_CHECKING:
+    from workers.batcher import BatchLoop
+
 log = logging.getLogger(__name__)
+
+CANCEL_POLL_S = 0.1
 
 
 class Heartbeat:
-    def __init__(self, queue: JobQueue, settings: Settings, worker: str, info: dict) -> None:
+    def __init__(
+        self, queue: JobQueue, settings: Settings, loop: BatchLoop, info: dict[str, object]
+    ) -> None:
         self.queue = queue
+        self.loop = loop
         self.model = settings.served_model
-        self.worker = worker
+        self.worker = loop.worker
         self.interval_s = settings.worker_heartbeat_s
         self.info = {k: str(v) for k, v in info.items()} | {"loaded_at": repr(time.time())}
         self._stop = threading.Event()
@@ -39,9 +53,14 @@ class Heartbeat:
             self.queue.leave(self.model, self.worker)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        next_beat = 0.0
+        while not self._stop.wait(CANCEL_POLL_S):
             try:
-                self.queue.heartbeat(self.model, self.worker, self.info, 3 * self.interval_s)
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.interval_s
+                    self.queue.heartbeat(self.model, self.worker, self.info, 3 * self.interval_s)
+                    self.queue.touch(self.model, self.worker, self.loop.in_flight)
+                self.loop.watch_cancels()
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
-            self._stop.wait(self.interval_s)
+                self._stop.wait(1)
