@@ -54,20 +54,24 @@ class FaultFleet:
             return False
 
     def _listen(self) -> None:
-        pubsub = redis.Redis.from_url(self.redis_url, decode_responses=True).pubsub()
-        pubsub.subscribe(f"{self.prefix}:job-finished")
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        channel = f"{self.prefix}:job-finished"
+        subscribed = threading.Event()
 
         def run():
             while True:
                 try:
+                    pubsub = client.pubsub()
+                    pubsub.subscribe(channel)
+                    subscribed.set()
                     for message in pubsub.listen():
                         if message["type"] == "message":
                             self.finished[message["data"]] += 1
-                except redis.ConnectionError:
-                    time.sleep(0.2)  # Redis restarting; resubscribe
-                    pubsub.subscribe(f"{self.prefix}:job-finished")
+                except redis.RedisError:
+                    time.sleep(0.2)  # Redis is restarting; subscribe again
 
         threading.Thread(target=run, daemon=True).start()
+        subscribed.wait(10)
 
     def start_worker(self, name: str) -> Process:
         proc = Process(
@@ -134,7 +138,7 @@ def faults(redis_url, demo_model_path, tmp_path):
 def test_workers_killed_mid_batch_lose_nothing_and_finish_each_job_once(faults):
     faults.start_worker("a@test")
     faults.wait_loaded("a@test")
-    body = {"prompt": "Crash test", "max_new_tokens": 24}
+    body = {"prompt": "Crash test", "max_new_tokens": 8}
     with ThreadPoolExecutor(32) as pool:
         ids = list(pool.map(lambda _: faults.submit(body), range(200)))
 
@@ -146,14 +150,19 @@ def test_workers_killed_mid_batch_lose_nothing_and_finish_each_job_once(faults):
     faults.wait_loaded("a@test")
     # Kill 2: SIGKILL mid-batch, never restarted: another worker claims what it held.
     faults.wait_running()
+    stream = f"{faults.prefix}:stream:demo/qwen3.5-tiny-awq"
     faults.workers["a@test"].signal(signal.SIGKILL)
+    held = faults.redis.xpending_range(stream, "workers", "-", "+", 100, consumername="a@test")
+    held_jobs = {
+        faults.redis.xrange(stream, r["message_id"], r["message_id"])[0][1]["job"] for r in held
+    }
     faults.workers["a@test"].stop()
     faults.start_worker("b@test")
 
     jobs = faults.wait_all_done(ids)
     assert [j["status"] for j in jobs.values()] == ["succeeded"] * 200
     assert {faults.finished[i] for i in ids} == {1}, "each job's result is stored exactly once"
-    assert {j["worker"] for j in jobs.values()} == {"a@test", "b@test"}
+    assert held_jobs and {jobs[j]["worker"] for j in held_jobs} == {"b@test"}
     assert not faults.redis.xlen(f"{faults.prefix}:dead:demo/qwen3.5-tiny-awq")
 
 

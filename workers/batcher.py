@@ -7,8 +7,8 @@ One loop iteration is a short list of named steps::
     retries (own pending after a restart or outage; entries of dead workers, now and then)
       or read a micro-batch  ->  start  ->  infer  ->  finish (store + ack)
 
-Retried entries may be what killed a worker, so each runs alone, and one delivered more
-than MAX_DELIVERIES times is dead-lettered instead. Shutdown is warm:
+Retried entries may be what killed a worker, so they are taken and run one at a time, and
+one delivered more than MAX_DELIVERIES times is dead-lettered instead. Shutdown is warm:
 :meth:`BatchLoop.request_stop` lets the current batch finish and be acknowledged first.
 """
 
@@ -102,10 +102,7 @@ class BatchLoop:
             try:
                 if recovering:
                     self.queue.ensure_group(self.model)
-                    retries = self.queue.read(
-                        self.model, self.worker, self.settings.max_batch_size, None,
-                        own_pending=True,
-                    )  # fmt: skip
+                    retries = self.queue.read(self.model, self.worker, 1, None, own_pending=True)
                     recovering = bool(retries)
                 else:
                     retries = self.claim_abandoned()
@@ -123,17 +120,22 @@ class BatchLoop:
     # --- steps ---------------------------------------------------------------------------
 
     def claim_abandoned(self) -> list[Entry]:
-        """Now and then, take over entries whose worker died (idle past CLAIM_IDLE_S)."""
+        """Take over an entry whose worker died (idle past CLAIM_IDLE_S); look again once a
+        heartbeat after finding none."""
         if time.monotonic() < self._next_claim:
             return []
-        self._next_claim = time.monotonic() + self.settings.worker_heartbeat_s
         idle_ms = int(self.settings.claim_idle_s * 1000)
-        return self.queue.claim_abandoned(
-            self.model, self.worker, idle_ms, self.settings.max_batch_size
-        )
+        claimed = self.queue.claim_abandoned(self.model, self.worker, idle_ms, 1)
+        if not claimed:
+            self._next_claim = time.monotonic() + self.settings.worker_heartbeat_s
+        return claimed
 
     def run_retries(self, entries: list[Entry]) -> None:
-        """Dead-letter poison entries; run each other one alone, in case it is the killer."""
+        """Dead-letter a poison entry, or run it alone, in case it is what killed a worker.
+
+        Retries are taken one entry at a time (COUNT 1), so each re-delivery counted against
+        an entry is a real attempt to run it, never a ride-along with a poison batch-mate.
+        """
         deliveries = self.queue.deliveries(self.model, self.worker, entries)
         for entry in entries:
             if deliveries[entry.entry_id] > self.settings.max_deliveries:
