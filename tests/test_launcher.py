@@ -56,9 +56,9 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
     try:
         for launcher in fleets:
             launcher.wait_up()
-        children = {f: psutil.Process(f.proc.pid).children(recursive=True) for f in fleets}
+        children = {f: _children(f) for f in fleets}
         for launcher in fleets:
-            names = " ".join(" ".join(c.cmdline()) for c in children[launcher])
+            names = " ".join(_cmd(c) for c in children[launcher])
             for expected in ("redis-server", "gunicorn", "worker", "flower"):
                 assert expected in names, names
             out = launcher.output()
@@ -77,6 +77,21 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
             # The embedded Redis persists with AOF under the fleet's own data directory.
             assert list((launcher.data_dir / "redis").rglob("*.aof")), "no AOF file"
 
+        # A worker or Redis that dies is restarted, and the fleet serves again.
+        restart = fleets[0]
+        for name in ("--pool=solo", "redis-server"):
+            [victim] = [c for c in _children(restart) if name in _cmd(c)]
+            victim.kill()
+            wait_until(
+                lambda n=name, v=victim: _replaced(restart, n, v), 120, f"{name} not restarted"
+            )
+            response = requests.post(
+                f"{restart.base}/v1/jobs", json={"prompt": "again", "max_new_tokens": 4},
+                headers={"Prefer": "wait=60"}, timeout=120,
+            )  # fmt: skip
+            assert response.json()["status"] == "succeeded", (name, response.text)
+        children[restart] = _children(restart)
+
         fleets[0].proc.send_signal(signal.SIGTERM)
         fleets[1].proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
         for launcher in fleets:
@@ -91,3 +106,19 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
         for launcher in fleets:
             if launcher.proc.poll() is None:
                 launcher.proc.kill()
+
+
+def _children(launcher: Launcher) -> list[psutil.Process]:
+    return psutil.Process(launcher.proc.pid).children(recursive=True)
+
+
+def _cmd(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:  # gone, or a zombie not reaped yet
+        return ""
+
+
+def _replaced(launcher: Launcher, name: str, old: psutil.Process) -> bool:
+    fresh = any(name in _cmd(c) and c.pid != old.pid for c in _children(launcher))
+    return fresh and "restart in" in launcher.output()
