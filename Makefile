@@ -6,12 +6,12 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test bench lint install redis-server demo-model clean
+.PHONY: up test bench lint install redis-server promtool demo-model clean
 
 up: install $(if $(REDIS_URL),,redis-server) $(if $(MODEL),,demo-model)
 	$(PY) -m fleet.up
 
-test: install redis-server demo-model
+test: install redis-server promtool demo-model
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install redis-server demo-model
@@ -36,6 +36,9 @@ $(VENV)/.installed: requirements.txt
 redis-server:
 	@command -v redis-server >/dev/null || { echo "installing redis-server"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+
+promtool:
+	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; }
 
 demo-model: install
 	$(PY) -m workers.demo_model >/dev/null

@@ -1,22 +1,39 @@
-"""The kustomize base in k8s/: well-formed, complete, and consistent with the app's settings.
+"""The kustomize base in k8s/ and its autoscaling components (k8s/keda, k8s/autoscaler):
+well-formed, valid against the Kubernetes API schemas, buildable, and consistent with the
+app's settings.
 
-Offline and fast: it reads the YAML files only (no cluster, no kustomize binary).
+Offline and fast: no cluster. The kustomizations are built with `kustomize` or `kubectl
+kustomize` when one is on the PATH, and always with the small builder below, which must agree.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import math
+import os
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from shared.settings import Settings
 
 K8S = Path(__file__).resolve().parent.parent / "k8s"
+COMPONENTS = {"keda": K8S / "keda", "controller": K8S / "autoscaler"}
 NAMESPACE = "inference-fleet"
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 CLUSTER_SCOPED_KINDS = {"Namespace"}
+# Schemas shipped by kubernetes-validate (pinned in requirements.txt): its newest.
+KUBERNETES_VERSION = "1.37"
+# Custom resources: the Kubernetes schemas do not have them (tested field by field below).
+CRD_KINDS = {"ScaledObject"}
+CONSUMER_GROUP = "workers"  # shared/queue.py
 
 
 def _yaml_files() -> list[Path]:
@@ -30,16 +47,36 @@ def _load(path: Path) -> list[dict]:
 KUSTOMIZATION = _load(K8S / "kustomization.yaml")[0]
 OBJECT_FILES = [p for p in _yaml_files() if p.name != "kustomization.yaml"]
 OBJECTS = [obj for path in OBJECT_FILES for obj in _load(path)]
+COMPONENT_FILES = {
+    name: sorted([*path.glob("*.yaml"), *path.glob("*.yml")]) for name, path in COMPONENTS.items()
+}
+COMPONENT_OBJECTS = {
+    name: [obj for p in files if p.name != "kustomization.yaml" for obj in _load(p)]
+    for name, files in COMPONENT_FILES.items()
+}
+# Every object of the base and of the optional components.
+ALL_OBJECTS = OBJECTS + [obj for objs in COMPONENT_OBJECTS.values() for obj in objs]
 
 
 def _objects(kind: str) -> dict[str, dict]:
     return {o["metadata"]["name"]: o for o in OBJECTS if o.get("kind") == kind}
 
 
-def _workloads() -> dict[str, dict]:
+def _workloads(objects: list[dict] | None = None) -> dict[str, dict]:
     return {
-        f"{o['kind']}/{o['metadata']['name']}": o for o in OBJECTS if o["kind"] in WORKLOAD_KINDS
+        f"{o['kind']}/{o['metadata']['name']}": o
+        for o in (OBJECTS if objects is None else objects)
+        if o["kind"] in WORKLOAD_KINDS
     }
+
+
+def _one(objects: list[dict], kind: str, name: str | None = None) -> dict:
+    (obj,) = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    return obj
+
+
+def _env(container: dict) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
 
 
 def _containers(workload: dict) -> Iterator[dict]:
@@ -57,7 +94,11 @@ def _argv(container: dict) -> list[str]:
     return [*container.get("command", []), *container.get("args", [])]
 
 
-@pytest.mark.parametrize("path", _yaml_files(), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [*_yaml_files(), *(p for files in COMPONENT_FILES.values() for p in files)],
+    ids=lambda p: str(p.relative_to(K8S)),
+)
 def test_every_yaml_file_parses(path):
     docs = _load(path)
     assert docs, f"{path.name} holds no document"
@@ -85,7 +126,7 @@ def test_kustomization_labels_every_object_part_of_the_fleet():
 
 def test_every_object_is_well_formed_and_in_the_namespace():
     assert OBJECTS
-    for obj in OBJECTS:
+    for obj in ALL_OBJECTS:
         assert obj.get("apiVersion"), obj
         assert obj.get("kind"), obj
         name = obj.get("metadata", {}).get("name")
@@ -94,8 +135,9 @@ def test_every_object_is_well_formed_and_in_the_namespace():
             continue
         assert obj["metadata"].get("namespace") == NAMESPACE, f"{obj['kind']}/{name}"
     assert NAMESPACE in _objects("Namespace")
-    keys = [(o["kind"], o["metadata"]["name"]) for o in OBJECTS]
-    assert len(keys) == len(set(keys)), "two objects of one kind share a name"
+    for objects in (OBJECTS + COMPONENT_OBJECTS["keda"], OBJECTS + COMPONENT_OBJECTS["controller"]):
+        keys = [(o["kind"], o["metadata"]["name"]) for o in objects]
+        assert len(keys) == len(set(keys)), "two objects of one kind share a name"
 
 
 def test_worker_deployment_gets_a_gpu_and_time_to_finish_its_batch():
@@ -141,7 +183,7 @@ def test_every_env_reference_is_defined_here():
         name: {**o.get("stringData", {}), **o.get("data", {})}
         for name, o in _objects("Secret").items()
     }
-    for workload_id, workload in _workloads().items():
+    for workload_id, workload in _workloads(ALL_OBJECTS).items():
         for container in _containers(workload):
             where = f"{workload_id} {container['name']}"
             for source in container.get("envFrom", []):
@@ -197,7 +239,7 @@ def test_configmap_keys_are_fleet_settings_with_valid_values():
 def test_service_links_cannot_clobber_settings():
     """A Service named X injects X_PORT=tcp://... into pods, and FLOWER_PORT/GATEWAY_PORT are
     integer settings (Flower reads FLOWER_PORT too): the fleet's pods must turn links off."""
-    for workload_id, workload in _workloads().items():
+    for workload_id, workload in _workloads(ALL_OBJECTS).items():
         assert workload["spec"]["template"]["spec"].get("enableServiceLinks") is False, workload_id
 
 
@@ -220,3 +262,370 @@ def test_every_service_selects_a_pod_and_a_port_it_has():
         for port in service["spec"]["ports"]:
             target = port.get("targetPort", port["port"])
             assert any(target in pair for pair in ports), f"Service {name}: {target}"
+
+
+# --- kustomize builds ------------------------------------------------------------------------
+
+# The kustomize features the files here use; the builder below refuses any other.
+KUSTOMIZATION_FIELDS = {
+    "apiVersion",
+    "kind",
+    "namespace",
+    "labels",
+    "resources",
+    "components",
+    "patches",
+}
+
+
+def _json_patch(obj: dict, ops: list[dict]) -> None:
+    """Apply RFC 6902 remove, and add / replace of an object member, in place."""
+    for op in ops:
+        *parents, last = [
+            part.replace("~1", "/").replace("~0", "~") for part in op["path"].split("/")[1:]
+        ]
+        node = obj
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key = int(last) if isinstance(node, list) else last
+        if op["op"] == "remove":
+            del node[key]
+        elif op["op"] in ("add", "replace") and isinstance(node, dict):
+            assert op["op"] == "add" or key in node, f"nothing to replace at {op['path']}"
+            node[key] = op["value"]
+        else:
+            raise AssertionError(f"the test's builder does not know this JSON patch: {op}")
+
+
+def _targets(target: dict, obj: dict) -> bool:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    return all(
+        target.get(field) in (None, value)
+        for field, value in (
+            ("group", group),
+            ("version", version),
+            ("kind", obj["kind"]),
+            ("name", obj["metadata"]["name"]),
+            ("namespace", obj["metadata"].get("namespace")),
+        )
+    )
+
+
+def _build(directory: Path, accumulated: list[dict] | None = None) -> list[dict]:
+    """A small `kustomize build` of `directory` (a Component when `accumulated` is given: the
+    objects of the kustomization that lists it). Every listed path must exist."""
+    (kustomization,) = _load(directory / "kustomization.yaml")
+    kind = kustomization["kind"]
+    assert kind == ("Component" if accumulated is not None else "Kustomization"), directory
+    unknown = set(kustomization) - KUSTOMIZATION_FIELDS
+    assert not unknown, f"{directory}: fields the test's builder does not know: {unknown}"
+    objects = copy.deepcopy(accumulated or [])
+    for entry in kustomization.get("resources", []):
+        path = directory / entry
+        assert path.exists(), f"{directory / 'kustomization.yaml'}: {entry} does not exist"
+        objects += _build(path) if path.is_dir() else _load(path)
+    for entry in kustomization.get("components", []):
+        path = directory / entry
+        assert (path / "kustomization.yaml").is_file(), f"{directory}: component {entry}"
+        objects = _build(path, objects)
+    if "namespace" in kustomization:
+        for obj in objects:
+            if obj["kind"] not in CLUSTER_SCOPED_KINDS:
+                obj["metadata"]["namespace"] = kustomization["namespace"]
+    for entry in kustomization.get("labels", []):
+        assert not entry.get("includeSelectors") and not entry.get("includeTemplates")
+        for obj in objects:
+            obj["metadata"].setdefault("labels", {}).update(entry["pairs"])
+    for patch in kustomization.get("patches", []):
+        assert "path" not in patch, "the test's builder knows inline patches only"
+        ops = yaml.safe_load(patch["patch"])
+        assert isinstance(ops, list), "the test's builder knows JSON 6902 patches only"
+        matched = [obj for obj in objects if _targets(patch["target"], obj)]
+        assert matched, f"{directory}: patch target {patch['target']} matches nothing"
+        for obj in matched:
+            _json_patch(obj, ops)
+    return objects
+
+
+def _sorted(objects: list[dict]) -> list[dict]:
+    return sorted(
+        objects,
+        key=lambda o: (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]),
+    )
+
+
+def _kustomize_command() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+@pytest.fixture(scope="module")
+def overlays(tmp_path_factory) -> dict[str, Path]:
+    """The overlays k8s/README.md tells users to write: the base plus one component. They
+    must live outside k8s/ (kustomize refuses an overlay inside its base's directory)."""
+    root = tmp_path_factory.mktemp("overlays")
+    made = {"base": K8S}
+    for name, component in COMPONENTS.items():
+        directory = root / name
+        directory.mkdir()
+        kustomization = {
+            "apiVersion": "kustomize.config.k8s.io/v1beta1",
+            "kind": "Kustomization",
+            "resources": [os.path.relpath(K8S, directory)],
+            "components": [os.path.relpath(component, directory)],
+        }
+        (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        made[name] = directory
+    return made
+
+
+@pytest.fixture(scope="module")
+def builds(overlays) -> dict[str, list[dict]]:
+    return {name: _sorted(_build(directory)) for name, directory in overlays.items()}
+
+
+def test_autoscaling_is_optional_components_outside_the_base():
+    listed = [*KUSTOMIZATION.get("resources", []), *KUSTOMIZATION.get("components", [])]
+    for path in COMPONENTS.values():
+        (kustomization,) = _load(path / "kustomization.yaml")
+        assert kustomization["kind"] == "Component"
+        assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+        assert not any(path.name in Path(entry).parts for entry in listed), path.name
+
+
+@pytest.mark.parametrize("name", ["base", *COMPONENTS])
+def test_kustomization_builds(name, overlays, builds):
+    objects = builds[name]
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {(o["kind"], o["metadata"]["name"]) for o in OBJECTS} <= names
+    if name != "base":
+        own = {(o["kind"], o["metadata"]["name"]) for o in COMPONENT_OBJECTS[name]}
+        assert own <= names
+        others = {
+            (o["kind"], o["metadata"]["name"])
+            for other, objs in COMPONENT_OBJECTS.items()
+            if other != name
+            for o in objs
+        }
+        assert not names & others, "one autoscaling component pulls in the other"
+    for obj in objects:
+        labels = obj["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/part-of") == NAMESPACE, obj["metadata"]["name"]
+    command = _kustomize_command()
+    if command is None:
+        return  # no kustomize binary here: the builder above stands in for it
+    built = subprocess.run(
+        [*command, str(overlays[name])], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert built.returncode == 0, built.stderr
+    assert _sorted([d for d in yaml.safe_load_all(built.stdout) if d]) == objects
+
+
+@pytest.mark.parametrize("name", ["keda", "controller"])
+def test_autoscaled_workers_have_no_fixed_replica_count(name, builds):
+    """With `replicas` in the manifest every `kubectl apply` would reset the workers to it."""
+    assert "replicas" not in _one(builds[name], "Deployment", "worker")["spec"]
+    assert "replicas" in _one(builds["base"], "Deployment", "worker")["spec"]
+
+
+def _validate(obj: dict) -> None:
+    try:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        error = f"at {'.'.join(str(p) for p in exc.path)}: {exc.message} (Kubernetes {exc.version})"
+    else:
+        return
+    pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} {error}")  # outside the except: short
+
+
+def test_every_manifest_validates_against_the_kubernetes_schemas(builds):
+    """Strict: an unknown or misspelt field, a wrong type or a missing required field fails."""
+    shipped = kubernetes_validate.utils.all_versions()
+    assert any(v.startswith(f"{KUBERNETES_VERSION}.") for v in shipped), shipped
+    seen, crds = set(), set()
+    for obj in [*ALL_OBJECTS, *(o for objects in builds.values() for o in objects)]:
+        if obj["kind"] in CRD_KINDS:
+            crds.add(obj["kind"])
+            continue
+        key = json.dumps(obj, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            _validate(obj)
+    assert crds == CRD_KINDS
+
+
+# --- KEDA --------------------------------------------------------------------------------------
+
+
+def _scaled_object() -> dict:
+    return _one(COMPONENT_OBJECTS["keda"], "ScaledObject")
+
+
+def _trigger() -> dict:
+    (trigger,) = _scaled_object()["spec"]["triggers"]
+    return trigger
+
+
+def _controller_env() -> dict[str, str]:
+    (container,) = _one(COMPONENT_OBJECTS["controller"], "Deployment")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    return _env(container)
+
+
+def test_scaled_object_scales_the_worker_deployment_on_stream_lag():
+    scaled = _scaled_object()
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1"
+    spec = scaled["spec"]
+    target = spec["scaleTargetRef"]
+    assert target["name"] == "worker" and "worker" in _objects("Deployment")
+    assert target.get("kind", "Deployment") == "Deployment"
+    assert target.get("apiVersion", "apps/v1") == "apps/v1"
+    for field in ("minReplicaCount", "maxReplicaCount", "cooldownPeriod", "pollingInterval"):
+        assert isinstance(spec[field], int) and spec[field] >= 0, field
+    assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    assert spec["maxReplicaCount"] >= 1
+    trigger = _trigger()
+    assert trigger["type"] == "redis-streams"
+    meta = trigger["metadata"]
+    assert all(isinstance(v, str) for v in meta.values()), "trigger metadata values are strings"
+    # Lag mode: consumerGroup and lagCount set, no other mode's threshold.
+    assert meta["consumerGroup"] == CONSUMER_GROUP
+    assert int(meta["lagCount"]) >= 1
+    assert int(meta["activationLagCount"]) >= 0
+    assert not {"pendingEntriesCount", "streamLength"} & meta.keys()
+
+
+def test_scaled_object_reads_the_stream_the_gateway_writes():
+    (config,) = _objects("ConfigMap").values()
+    settings = Settings(**{k.lower(): v for k, v in config["data"].items()})
+    meta = _trigger()["metadata"]
+    assert meta["stream"] == f"{settings.key_prefix}:stream:{settings.served_model}"
+    assert meta["stream"] == f"fleet:stream:{settings.served_model}"
+    # The Redis of REDIS_URL, reached from KEDA's own namespace: a Service of the fleet's
+    # namespace by its namespaced name, any other host as it is.
+    url = urlsplit(settings.redis_url)
+    assert int(meta.get("databaseIndex", "0")) == int(url.path.strip("/") or 0)
+    if "address" in meta:
+        host, port = meta["address"].rsplit(":", 1)
+    else:
+        host, port = meta["host"], meta["port"]
+    assert int(port) == (url.port or 6379)
+    if url.hostname in _objects("Service"):
+        assert host.split(".")[:2] == [url.hostname, NAMESPACE], host
+        service = _objects("Service")[url.hostname]
+        assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+    else:
+        assert host == url.hostname
+    # Lag (XINFO GROUPS) needs Redis 7.
+    image = _container("StatefulSet", "redis")["image"]
+    assert int(image.split(":")[1].split(".")[0]) >= 7
+
+
+def test_scaled_object_scales_up_at_once_and_down_slowly():
+    spec = _scaled_object()["spec"]
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    # KEDA hands the behavior to its HorizontalPodAutoscaler: it must be a valid one.
+    _validate(
+        {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "keda-hpa-worker", "namespace": NAMESPACE},
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "worker"},
+                "minReplicas": max(1, spec["minReplicaCount"]),
+                "maxReplicas": spec["maxReplicaCount"],
+                "behavior": behavior,
+            },
+        }
+    )
+    for direction in ("scaleUp", "scaleDown"):  # the schema has no enum for these
+        assert {p["type"] for p in behavior[direction]["policies"]} <= {"Pods", "Percent"}
+        assert behavior[direction].get("selectPolicy", "Max") in {"Max", "Min", "Disabled"}
+    assert behavior["scaleUp"].get("stabilizationWindowSeconds", 0) == 0
+    down = behavior["scaleDown"]["stabilizationWindowSeconds"]
+    assert down >= 60
+    assert down == int(_controller_env()["SCALE_DOWN_COOLDOWN_S"])
+
+
+def test_keda_and_the_controller_scale_by_the_same_numbers():
+    spec = _scaled_object()["spec"]
+    meta = _trigger()["metadata"]
+    env = _controller_env()
+    assert int(meta["lagCount"]) == int(env["TARGET_BACKLOG_PER_WORKER"])
+    assert spec["minReplicaCount"] == int(env["MIN_WORKERS"])
+    assert spec["maxReplicaCount"] == int(env["MAX_WORKERS"])
+    assert spec["cooldownPeriod"] == int(env["SCALE_DOWN_COOLDOWN_S"])
+    assert spec["pollingInterval"] == int(env["AUTOSCALER_INTERVAL_S"])
+    # desired = clamp(ceil(backlog / target), min, max), e.g. 20 waiting jobs -> 3 workers.
+    target, low, high = int(meta["lagCount"]), spec["minReplicaCount"], spec["maxReplicaCount"]
+    assert min(max(math.ceil(20 / target), low), high) == min(max(3, low), high)
+
+
+# --- the controller ------------------------------------------------------------------------------
+
+
+def test_controller_runs_the_fleet_autoscaler_alone_in_kubernetes_mode():
+    objects = COMPONENT_OBJECTS["controller"]
+    deployment = _one(objects, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"]["type"] == "Recreate"
+    pod = spec["template"]["spec"]
+    assert pod["enableServiceLinks"] is False
+    assert pod.get("automountServiceAccountToken", True) is True
+    assert pod["serviceAccountName"] == _one(objects, "ServiceAccount")["metadata"]["name"]
+    (container,) = pod["containers"]
+    assert _argv(container) == ["python", "-m", "fleet.autoscaler"]
+    assert container["image"] == _container("Deployment", "worker")["image"]
+    assert {"configMapRef": {"name": "fleet-config"}} in container["envFrom"]
+    env = _env(container)
+    assert env["AUTOSCALER_MODE"] == "kubernetes"
+    assert env["AUTOSCALER_DEPLOYMENT"] in _objects("Deployment")
+    namespace = {e["name"]: e for e in container["env"]}.get("AUTOSCALER_NAMESPACE")
+    if namespace is not None:
+        assert namespace["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    low, high = int(env["MIN_WORKERS"]), int(env["MAX_WORKERS"])
+    assert 0 <= low <= high and high >= 1
+    assert int(env["TARGET_BACKLOG_PER_WORKER"]) >= 1
+    assert float(env["SCALE_DOWN_COOLDOWN_S"]) >= 0 and float(env["AUTOSCALER_INTERVAL_S"]) > 0
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == 9500
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+
+
+def test_controller_role_may_patch_the_worker_scale_and_nothing_more():
+    objects = COMPONENT_OBJECTS["controller"]
+    role = _one(objects, "Role")
+    binding = _one(objects, "RoleBinding")
+    account = _one(objects, "ServiceAccount")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert {
+        "kind": "ServiceAccount",
+        "name": account["metadata"]["name"],
+        "namespace": NAMESPACE,
+    } in binding["subjects"]
+    deployment = _controller_env()["AUTOSCALER_DEPLOYMENT"]
+
+    def verbs(resource: str) -> set[str]:
+        return {
+            verb
+            for rule in role["rules"]
+            if "apps" in rule["apiGroups"] and resource in rule["resources"]
+            if deployment in rule.get("resourceNames", [deployment])
+            for verb in rule["verbs"]
+        }
+
+    assert {"get", "patch", "update"} <= verbs("deployments/scale")
+    assert "get" in verbs("deployments")
+    granted = {verb for rule in role["rules"] for verb in rule["verbs"]}
+    assert granted <= {"get", "list", "watch", "patch", "update"}, "no create or delete"
+    assert all("*" not in rule["resources"] + rule["verbs"] for rule in role["rules"])
