@@ -6,7 +6,7 @@ import logging
 
 from flask import Flask
 
-from gateway import health, jobs, openapi
+from gateway import health, jobs, metrics, openapi
 from gateway.errors import register_error_handlers
 from gateway.extensions import Fleet
 from shared.settings import Settings, get_settings
@@ -21,6 +21,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     register_error_handlers(app)
     for blueprint in (jobs.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
+    metrics.init_app(app)
     openapi.api_spec.register(app)
     logging.getLogger("gateway").setLevel(logging.INFO)
     return app

@@ -4,9 +4,36 @@ gevent workers: a request held by ``Prefer: wait`` is a parked greenlet, not a t
 hundreds of waiting clients do not stop others from submitting or polling.
 """
 
+import os
+import shutil
+import tempfile
+
 from shared.settings import get_settings
 
 _settings = get_settings()
+
+# The gateway processes share their HTTP metrics through files in this directory. It must
+# be set before prometheus_client is first imported, so that import happens in the hooks.
+os.environ.setdefault(
+    "PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix=f"fleet-gateway-{_settings.gateway_port}-")
+)
+
+
+def on_starting(server) -> None:
+    path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path, exist_ok=True)
+
+
+def child_exit(server, worker) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server) -> None:
+    shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
 
 bind = f"{_settings.gateway_host}:{_settings.gateway_port}"
 workers = _settings.gateway_processes

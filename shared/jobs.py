@@ -15,6 +15,9 @@ Key scheme (``P`` is ``KEY_PREFIX``, default ``fleet``)::
     P:dead:{model}        stream  dead letters: entries delivered more than MAX_DELIVERIES
                                   times, {job, entry, deliveries, at}
     P:idem:{key}          string  Idempotency-Key -> "job id fingerprint"; expires in 24 h
+    P:stats:{model}       hash    counters for metrics: submitted, finished:{status}, and
+                                  latency / wait histograms ({name}:{bucket}, {name}:sum)
+    P:recent:{model}      list    the last 1000 ended jobs, "completed_at latency status"
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from pydantic import (
 )
 
 CONSUMER_GROUP = "workers"
+# Histogram buckets (seconds) of job latency and queue wait, kept in P:stats:{model}.
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
 
 
 class Keys:
@@ -62,6 +67,12 @@ class Keys:
 
     def idempotency(self, key: str) -> str:
         return f"{self.prefix}:idem:{key}"
+
+    def stats(self, model: str) -> str:
+        return f"{self.prefix}:stats:{model}"
+
+    def recent(self, model: str) -> str:
+        return f"{self.prefix}:recent:{model}"
 
 
 class JobStatus(StrEnum):

@@ -115,13 +115,13 @@ class JobQueue:
         deadline = record.get("deadline")
         if record["status"] == JobStatus.QUEUED and deadline and float(deadline) < time.time():
             fields = terminal_fields(status=JobStatus.EXPIRED, error=DEADLINE_ERROR)
-            self._end(job_id, JobStatus.QUEUED, fields)
+            self._end(record["model"], job_id, JobStatus.QUEUED, fields)
             record = self.redis.hgetall(self.keys.job(job_id)) or record
         return job_from_record(record)
 
-    def _end(self, job_id: str, expected: JobStatus, fields: dict[str, str]) -> str:
+    def _end(self, model: str, job_id: str, expected: JobStatus, fields: dict[str, str]) -> str:
         return self._end_if(
-            keys=[self.keys.job(job_id)],
+            keys=[self.keys.job(job_id), self.keys.stats(model), self.keys.recent(model)],
             args=[expected.value, self.result_ttl_s, self.keys.job_finished_channel, job_id,
                   *_pairs(fields)],
         )  # fmt: skip
@@ -139,6 +139,43 @@ class JobQueue:
                     int(group.get("entries-read") or 0),
                 )
         return Backlog(0, 0)
+
+    def oldest_waiting_age(self, model: str) -> float:
+        """Seconds since the oldest job no worker has read yet was queued (0 if none)."""
+        stream = self.keys.stream(model)
+        try:
+            groups = {g["name"]: g for g in self.redis.xinfo_groups(stream)}
+        except redis.ResponseError:
+            return 0.0
+        group = groups.get(CONSUMER_GROUP)
+        start = f"({group['last-delivered-id']}" if group else "-"
+        first = self.redis.xrange(stream, start, "+", count=1)
+        if not first:
+            return 0.0
+        return max(0.0, time.time() - _id_key(first[0][0])[0] / 1000)
+
+    def stats(self, model: str) -> dict[str, str]:
+        """The model's counters and histograms (see P:stats:{model} in shared.jobs)."""
+        return self.redis.hgetall(self.keys.stats(model))
+
+    def recent(self, model: str) -> list[tuple[float, float, str]]:
+        """The last ended jobs, newest first: (completed_at, latency seconds, status)."""
+        rows = []
+        for line in self.redis.lrange(self.keys.recent(model), 0, -1):
+            completed, latency, status = line.split(" ")
+            rows.append((float(completed), float(latency), status))
+        return rows
+
+    def dead_letter_count(self, model: str) -> int:
+        return self.redis.xlen(self.keys.dead_letters(model))
+
+    def workers(self, model: str, max_age_s: float) -> list[dict[str, str]]:
+        """Live workers of a model, with what each told us in its heartbeat."""
+        names = self.redis.zrangebyscore(self.keys.workers(model), time.time() - max_age_s, "+inf")
+        pipe = self.redis.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(self.keys.worker(name))
+        return [{"name": n, **info} for n, info in zip(names, pipe.execute(), strict=True) if info]
 
     # --- gateway side --------------------------------------------------------------------
 
@@ -160,7 +197,7 @@ class JobQueue:
         record = new_record(job_id, model, job_input, metadata, timeout_s)
         idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
         outcome, value = self._submit(
-            keys=[self.keys.stream(model), self.keys.job(job_id), idem],
+            keys=[self.keys.stream(model), self.keys.job(job_id), idem, self.keys.stats(model)],
             args=[job_id, fingerprint, IDEMPOTENCY_TTL_S, *_pairs(record)],
         )
         if outcome == "created":
@@ -178,8 +215,11 @@ class JobQueue:
 
         Returns the job as it stands (None if unknown); a job already terminal is unchanged.
         """
+        model = self.redis.hget(self.keys.job(job_id), "model")
+        if model is None:
+            return None
         fields = terminal_fields(status=JobStatus.CANCELED)
-        status = self._end(job_id, JobStatus.QUEUED, fields)
+        status = self._end(model, job_id, JobStatus.QUEUED, fields)
         if status == JobStatus.RUNNING:
             self._request_cancel(keys=[self.keys.job(job_id)])
         return self.get(job_id) if status else None
@@ -225,7 +265,7 @@ class JobQueue:
         pipe = self.redis.pipeline(transaction=False)
         for entry in entries:
             self._start(
-                keys=[self.keys.job(entry.job_id)],
+                keys=[self.keys.job(entry.job_id), self.keys.stats(model), self.keys.recent(model)],
                 args=[now, worker, self.result_ttl_s, channel, entry.job_id, error],
                 client=pipe,
             )
@@ -288,6 +328,8 @@ class JobQueue:
                 self.keys.job(entry.job_id),
                 self.keys.stream(model),
                 self.keys.dead_letters(model),
+                self.keys.stats(model),
+                self.keys.recent(model),
             ],
             args=[CONSUMER_GROUP, entry.entry_id, entry.job_id, deliveries, repr(time.time()),
                   self.result_ttl_s, self.keys.job_finished_channel, *_pairs(fields)],
@@ -314,7 +356,12 @@ class JobQueue:
         pipe = self.redis.pipeline(transaction=False)
         for entry, fields in results:
             self._finish(
-                keys=[self.keys.job(entry.job_id), self.keys.stream(model)],
+                keys=[
+                    self.keys.job(entry.job_id),
+                    self.keys.stream(model),
+                    self.keys.stats(model),
+                    self.keys.recent(model),
+                ],
                 args=[
                     CONSUMER_GROUP,
                     entry.entry_id,

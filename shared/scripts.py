@@ -8,19 +8,52 @@ write that may fail first (XADD) and its bookkeeping after. Invariants they keep
 * A stream entry is acknowledged only in the step that stores its job's terminal state
   (or finds the job already terminal or gone), and only acknowledged entries are deleted:
   nothing unread is ever trimmed, so the consumer group's lag stays exact.
-* Every terminal transition sets the record's TTL and publishes the job id on the
-  job-finished channel, which is what ``Prefer: wait`` listens to.
+* Every terminal transition goes through ``ended()``: it sets the record's TTL, counts
+  the job in the model's stats (by status, with its latency), and publishes the job id on
+  the job-finished channel, which is what ``Prefer: wait`` listens to.
 """
 
 from __future__ import annotations
 
-from shared.jobs import TERMINAL_STATUSES
+from shared.jobs import LATENCY_BUCKETS, TERMINAL_STATUSES
+
+
+def bucket_name(bound: float) -> str:
+    """The stats-hash suffix of a histogram bucket, as the scripts write it."""
+    return f"{bound:g}"
+
 
 _TERMINAL = (
     "local terminal = {" + ", ".join(f"['{s}'] = true" for s in sorted(TERMINAL_STATUSES)) + "}"
 )
+_BUCKETS = "{" + ", ".join(f"{{{b!r}, '{bucket_name(b)}'}}" for b in LATENCY_BUCKETS) + "}"
 
-# KEYS: stream, job, idempotency key ("" when none).
+_PRELUDE = f"""
+{_TERMINAL}
+local buckets = {_BUCKETS}
+-- One observation of a histogram kept in the stats hash (buckets are not cumulative).
+local function observe(stats, name, value)
+  local bucket = '+Inf'
+  for _, b in ipairs(buckets) do
+    if value <= b[1] then bucket = b[2]; break end
+  end
+  redis.call('HINCRBY', stats, name .. ':' .. bucket, 1)
+  redis.call('HINCRBYFLOAT', stats, name .. ':sum', value)
+end
+-- After a job's terminal fields are written: TTL, stats, recent list, notify.
+local function ended(job, stats, recent, ttl, channel, id)
+  redis.call('EXPIRE', job, ttl)
+  local r = redis.call('HMGET', job, 'status', 'created_at', 'completed_at')
+  redis.call('HINCRBY', stats, 'finished:' .. r[1], 1)
+  local latency = tonumber(r[3]) - tonumber(r[2])
+  observe(stats, 'latency', latency)
+  redis.call('LPUSH', recent, r[3] .. ' ' .. latency .. ' ' .. r[1])
+  redis.call('LTRIM', recent, 0, 999)
+  redis.call('PUBLISH', channel, id)
+end
+"""
+
+# KEYS: stream, job, idempotency key ("" when none), stats.
 # ARGV: job id, fingerprint, idempotency ttl, field, value, ...
 # Returns {'replay', "job-id fingerprint"} or {'created', entry id}.
 SUBMIT = """
@@ -33,46 +66,47 @@ redis.call('HSET', KEYS[2], unpack(ARGV, 4))
 if KEYS[3] ~= '' then
   redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[3])
 end
+redis.call('HINCRBY', KEYS[4], 'submitted', 1)
 return {'created', entry}
 """
 
-# KEYS: job. ARGV: now, worker, ttl, channel, job id, expired-error json.
+# KEYS: job, stats, recent. ARGV: now, worker, ttl, channel, job id, expired-error json.
 # Returns {} (gone), {status} (ended now or before: don't run), or
 # {'running', input, created_at, deadline}.
 START = f"""
-{_TERMINAL}
+{_PRELUDE}
 local rec = redis.call('HMGET', KEYS[1], 'status', 'input', 'created_at', 'deadline',
                        'cancel_requested')
 local status = rec[1]
 if not status then return {{}} end
 if terminal[status] then return {{status}} end
-local ended = nil
+local now = tonumber(ARGV[1])
+local stop = nil
 if rec[5] == '1' then
-  ended = 'canceled'
-elseif rec[4] and tonumber(rec[4]) < tonumber(ARGV[1]) then
-  ended = 'expired'
+  stop = 'canceled'
+elseif rec[4] and tonumber(rec[4]) < now then
+  stop = 'expired'
   redis.call('HSET', KEYS[1], 'error', ARGV[6])
 end
-if ended then
-  redis.call('HSET', KEYS[1], 'status', ended, 'completed_at', ARGV[1])
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
-  return {{ended}}
+if stop then
+  redis.call('HSET', KEYS[1], 'status', stop, 'completed_at', ARGV[1])
+  ended(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[4], ARGV[5])
+  return {{stop}}
 end
+if status == 'queued' then observe(KEYS[2], 'wait', now - tonumber(rec[3])) end
 redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2])
 return {{'running', rec[2], rec[3], rec[4] or ''}}
 """
 
-# KEYS: job, stream. ARGV: group, entry id, ttl, channel, job id, field, value, ...
-# Returns 1 if the fields were stored, 0 if the job was gone or already terminal.
+# KEYS: job, stream, stats, recent. ARGV: group, entry id, ttl, channel, job id, field,
+# value, ... Returns 1 if the fields were stored, 0 if the job was gone or already terminal.
 FINISH = f"""
-{_TERMINAL}
+{_PRELUDE}
 local status = redis.call('HGET', KEYS[1], 'status')
 local stored = 0
 if status and not terminal[status] and #ARGV >= 6 then
   redis.call('HSET', KEYS[1], unpack(ARGV, 6))
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
+  ended(KEYS[1], KEYS[3], KEYS[4], ARGV[3], ARGV[4], ARGV[5])
   stored = 1
 end
 redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
@@ -81,15 +115,15 @@ return stored
 """
 
 # End a job that is in the given state (cancel a queued job; expire a late one on read).
-# KEYS: job. ARGV: expected status, ttl, channel, job id, field, value, ...
+# KEYS: job, stats, recent. ARGV: expected status, ttl, channel, job id, field, value, ...
 # Returns the status the job had ('' if it is gone); fields are written only if it matched.
-END_IF = """
+END_IF = f"""
+{_PRELUDE}
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return '' end
 if status == ARGV[1] then
   redis.call('HSET', KEYS[1], unpack(ARGV, 5))
-  redis.call('EXPIRE', KEYS[1], ARGV[2])
-  redis.call('PUBLISH', ARGV[3], ARGV[4])
+  ended(KEYS[1], KEYS[2], KEYS[3], ARGV[2], ARGV[3], ARGV[4])
 end
 return status
 """
@@ -104,17 +138,16 @@ return status
 """
 
 # Move a poison entry to the dead-letter stream and fail its job.
-# KEYS: job, stream, dead. ARGV: group, entry id, job id, deliveries, now, ttl, channel,
-# field, value, ... (the job's terminal fields).
+# KEYS: job, stream, dead, stats, recent. ARGV: group, entry id, job id, deliveries, now,
+# ttl, channel, field, value, ... (the job's terminal fields).
 DEAD_LETTER = f"""
-{_TERMINAL}
+{_PRELUDE}
 redis.call('XADD', KEYS[3], '*', 'job', ARGV[3], 'entry', ARGV[2], 'deliveries', ARGV[4],
            'at', ARGV[5])
 local status = redis.call('HGET', KEYS[1], 'status')
 if status and not terminal[status] then
   redis.call('HSET', KEYS[1], unpack(ARGV, 8))
-  redis.call('EXPIRE', KEYS[1], ARGV[6])
-  redis.call('PUBLISH', ARGV[7], ARGV[3])
+  ended(KEYS[1], KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[3])
 end
 redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[2], ARGV[2])

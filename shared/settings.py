@@ -77,6 +77,10 @@ class Settings(BaseSettings):
         2.0, gt=0, description="How often a worker refreshes its liveness record and claims."
     )
 
+    worker_metrics_port: int = Field(
+        9400, ge=0, le=65535, description="Port of a worker's /metrics (0: none)."
+    )
+
     # --- reliability ---------------------------------------------------------------------
     claim_idle_s: float = Field(
         30.0,

@@ -56,6 +56,7 @@ def fleet_env(redis_url: str, **overrides: object) -> dict[str, str]:
         GATEWAY_HOST="127.0.0.1",
         GATEWAY_PROCESSES="2",
         WORKER_HEARTBEAT_S="1",
+        WORKER_METRICS_PORT="0",
     )
     env.pop("MODEL", None)
     env.update({k.upper(): str(v) for k, v in overrides.items()})
@@ -105,8 +106,14 @@ class Fleet:
 
 def start_fleet(redis_url: str, logs: Path, prefix: str, **settings: object):
     """Start a worker and a gateway sharing one Redis under their own key prefix."""
-    port = free_port()
-    env = fleet_env(redis_url, key_prefix=prefix, gateway_port=port, **settings)
+    port, metrics_port = free_port(), free_port()
+    env = fleet_env(
+        redis_url,
+        key_prefix=prefix,
+        gateway_port=port,
+        worker_metrics_port=metrics_port,
+        **settings,
+    )
     name = f"test-{prefix}@localhost"
     worker = Process("worker", commands.worker(name), env, logs / f"{prefix}-worker.log")
     gateway = Process("gateway", commands.gateway(), env, logs / f"{prefix}-gateway.log")
@@ -119,7 +126,9 @@ def start_fleet(redis_url: str, logs: Path, prefix: str, **settings: object):
             return False
 
     wait_until(ready, 300, "fleet did not become ready", worker, gateway)
-    return Fleet(base, redis_url, prefix, name), worker, gateway
+    running = Fleet(base, redis_url, prefix, name)
+    running.worker_metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    return running, worker, gateway
 
 
 @pytest.fixture(scope="session")

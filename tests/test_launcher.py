@@ -23,6 +23,7 @@ class Launcher:
             gateway_port=self.gateway_port,
             flower_port=self.flower_port,
             embedded_redis_port=self.redis_port,
+            worker_metrics_port=free_port(),
             data_dir=self.data_dir,
         )
         env.pop("REDIS_URL")  # the launcher starts its own embedded Redis

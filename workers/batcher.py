@@ -19,7 +19,9 @@ import os
 import signal
 import threading
 import time
-from collections import deque
+import traceback
+import uuid
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import redis
@@ -28,11 +30,26 @@ from shared.jobs import JobError, JobStatus, Output, Usage, terminal_fields
 from shared.queue import DEADLINE_ERROR, Entry, JobQueue, StartedJob
 from shared.settings import Settings
 from workers.engine import INTERRUPTIONS, Completion, Engine, PromptTooLong
+from workers.flower_events import BatchEvents
+from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 1000  # how long an idle read waits, which bounds how fast stop is noticed
 RECONNECT_DELAY_S = (0.5, 1, 2, 5)
+
+
+@dataclass
+class BatchResult:
+    """What one micro-batch produced: the fields to store per entry, and its numbers."""
+
+    stored: list[tuple[Entry, dict[str, str]]]
+    completions: dict[str, Completion]
+    failures: dict[str, JobError]
+    seconds: float
+
+    def statuses(self) -> Counter[str]:
+        return Counter(fields["status"] for _, fields in self.stored)
 
 
 @dataclass
@@ -74,8 +91,18 @@ class LoopStats:
 class BatchLoop:
     """Pulls micro-batches of one model's stream and runs them on one loaded engine."""
 
-    def __init__(self, settings: Settings, queue: JobQueue, engine: Engine, worker: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        queue: JobQueue,
+        engine: Engine,
+        worker: str,
+        events: BatchEvents | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.settings = settings
+        self.events = events
+        self.metrics = metrics
         self.queue = queue
         self.engine = engine
         self.worker = worker
@@ -170,14 +197,50 @@ class BatchLoop:
                 self.queue.drop(self.model, dropped)
             if not started:
                 return
-            self.busy_since = time.monotonic()
+            batch_id = str(uuid.uuid4())
+            self._busy(batch_id, started)
             try:
-                results = self.infer(started)
+                result = self.infer(started)
+            except Exception as exc:
+                if self.events:
+                    self.events.failed(batch_id, repr(exc), traceback.format_exc())
+                raise
             finally:
-                self.busy_since = None
-            self.queue.finish(self.model, results)
+                self._busy(None, started)
+            self.queue.finish(self.model, result.stored)
+            self.report(batch_id, result)
         finally:
             self.in_flight, self.canceled = [], set()
+
+    def _busy(self, batch_id: str | None, jobs: list[StartedJob]) -> None:
+        self.busy_since = time.monotonic() if batch_id else None
+        if self.metrics:
+            self.metrics.busy(batch_id is not None)
+        if batch_id and self.events:
+            self.events.started(batch_id, [j.entry.job_id for j in jobs])
+
+    def report(self, batch_id: str, result: BatchResult) -> None:
+        """Counters for inspect stats, Prometheus, and the batch's task in Flower."""
+        completions = list(result.completions.values())
+        self.stats.record(completions, len(result.failures), result.seconds)
+        generated = sum(c.completion_tokens for c in completions)
+        if self.metrics:
+            prompt = sum(c.prompt_tokens for c in completions)
+            self.metrics.batch(
+                len(result.stored), result.seconds, prompt, generated, result.statuses()
+            )
+        if not self.events:
+            return
+        if result.failures:
+            summary = "; ".join(
+                f"{job}: {e.code}: {e.message}" for job, e in result.failures.items()
+            )
+            self.events.failed(
+                batch_id, f"{len(result.failures)} of {len(result.stored)} jobs failed: {summary}"
+            )
+        else:
+            outcome = {"jobs": len(result.stored), "generated_tokens": generated}
+            self.events.succeeded(batch_id, result.seconds, outcome | dict(result.statuses()))
 
     def watch_cancels(self) -> None:
         """Called by the heartbeat thread often: note which running jobs were canceled."""
@@ -185,7 +248,7 @@ class BatchLoop:
         if entries and self.busy_since is not None:
             self.canceled = self.queue.cancel_requested([e.job_id for e in entries])
 
-    def infer(self, jobs: list[StartedJob]) -> list[tuple[Entry, dict[str, str]]]:
+    def infer(self, jobs: list[StartedJob]) -> BatchResult:
         """Generate for every job; a job that fails on its own input fails alone."""
         began = time.monotonic()
         failures: dict[str, JobError] = {}
@@ -205,7 +268,6 @@ class BatchLoop:
             prompts.append(ids)
         completions = self._generate(runnable, prompts, failures)
         seconds = time.monotonic() - began
-        self.stats.record(list(completions.values()), len(failures), seconds)
         results = []
         for job in jobs:
             job_id = job.entry.job_id
@@ -233,7 +295,7 @@ class BatchLoop:
                     batch_size=len(jobs),
                 )
             results.append((job.entry, fields))
-        return results
+        return BatchResult(results, completions, failures, seconds)
 
     def _generate(
         self, jobs: list[StartedJob], prompts: list[list[int]], failures: dict[str, JobError]

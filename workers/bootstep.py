@@ -21,7 +21,9 @@ from shared.jobs import Keys
 from shared.queue import JobQueue
 from shared.redis_client import connect
 from shared.settings import get_settings
+from workers.flower_events import BatchEvents
 from workers.liveness import Heartbeat
+from workers.metrics import WorkerMetrics
 
 if TYPE_CHECKING:  # torch and transformers load only in a worker, not in Flower or the CLI
     from workers.batcher import BatchLoop
@@ -47,11 +49,11 @@ class BatchLoopStep(bootsteps.StartStopStep):
 
     def start(self, worker) -> None:
         self.thread = threading.Thread(
-            target=self._serve, args=(worker.hostname,), name="batch-loop", daemon=True
+            target=self._serve, args=(worker.app, worker.hostname), name="batch-loop", daemon=True
         )
         self.thread.start()
 
-    def _serve(self, worker_name: str) -> None:
+    def _serve(self, app, worker_name: str) -> None:
         from workers.batcher import BatchLoop
         from workers.engine import Engine, pick_device
         from workers.model_source import resolve_model_path
@@ -65,7 +67,13 @@ class BatchLoopStep(bootsteps.StartStopStep):
             os.kill(os.getpid(), signal.SIGTERM)
             return
         queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
-        self.loop = BatchLoop(settings, queue, self.engine, worker_name)
+        metrics = WorkerMetrics(settings.served_model, worker_name, self.engine.nvml_index())
+        try:
+            metrics.serve(settings.worker_metrics_port)
+        except OSError as exc:
+            log.warning("no /metrics: port %s: %s", settings.worker_metrics_port, exc)
+        events = BatchEvents(app, worker_name)
+        self.loop = BatchLoop(settings, queue, self.engine, worker_name, events, metrics)
         self.heartbeat = Heartbeat(queue, settings, self.loop, self.engine.describe())
         self.heartbeat.start()
         if self._stopping.is_set() or self._draining:
@@ -102,6 +110,7 @@ class BatchLoopStep(bootsteps.StartStopStep):
         out: dict = {"state": state, "model": get_settings().served_model}
         if self.engine is not None:
             out.update(self.engine.describe())
+            out.update(self.engine.memory())
         if self.loop is not None:
             out.update(self.loop.stats.as_dict())
         return out

@@ -84,6 +84,23 @@ class Engine:
             "max_context": self.max_context,
         }
 
+    def memory(self) -> dict[str, int]:
+        """GPU memory this process holds, and the device's total (empty on CPU)."""
+        if self.device.type != "cuda":
+            return {}
+        return {
+            "gpu_memory_used_bytes": torch.cuda.memory_reserved(self.device),
+            "gpu_memory_total_bytes": torch.cuda.get_device_properties(self.device).total_memory,
+        }
+
+    def nvml_index(self) -> int | None:
+        """The GPU's NVML index (CUDA_VISIBLE_DEVICES renumbers devices for torch only)."""
+        if self.device.type != "cuda":
+            return None
+        index = self.device.index or 0
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+        return int(visible[index]) if index < len(visible) and visible[index].isdigit() else index
+
     def warm_up(self) -> None:
         """Run one small batch so the first real job does not pay for lazy initialisation."""
         self.generate([JobInput(prompt="Hello", max_new_tokens=2)])

@@ -1,0 +1,132 @@
+"""Prometheus ``/metrics`` for the gateway.
+
+Two kinds of series:
+
+* per gateway process: ``fleet_http_request_duration_seconds``. Under gunicorn the
+  processes share them through prometheus_client's multiprocess mode
+  (PROMETHEUS_MULTIPROC_DIR, set up in ``gateway/gunicorn_conf.py``).
+* fleet-wide, read from Redis at scrape time by :class:`FleetCollector`: jobs submitted
+  and finished, end-to-end latency and queue-wait histograms (recorded atomically by the
+  queue scripts), backlog, age of the oldest waiting job, ready workers, dead letters.
+  Every gateway replica reports the same values: aggregate them with ``max``, not ``sum``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from flask import Blueprint, Flask, Response, g, request
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from gateway.extensions import Fleet, fleet
+from shared.jobs import LATENCY_BUCKETS, TERMINAL_STATUSES
+from shared.scripts import bucket_name
+
+HTTP_LATENCY = Histogram(
+    "fleet_http_request_duration_seconds",
+    "Gateway HTTP request latency.",
+    ["route", "method", "status"],
+)
+
+bp = Blueprint("metrics", __name__)
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    else:
+        registry = REGISTRY
+    body = generate_latest(registry) + generate_latest(_fleet_registry(fleet._get_current_object()))
+    return Response(body, mimetype="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _fleet_registry(state: Fleet) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FleetCollector(state))
+    return registry
+
+
+def init_app(app: Flask) -> None:
+    app.register_blueprint(bp)
+
+    @app.before_request
+    def _start_timer() -> None:
+        g.request_started = time.perf_counter()
+
+    @app.after_request
+    def _observe(response):
+        started = g.pop("request_started", None)
+        if started is not None:
+            route = request.url_rule.rule if request.url_rule else "unmatched"
+            HTTP_LATENCY.labels(route, request.method, str(response.status_code)).observe(
+                time.perf_counter() - started
+            )
+        return response
+
+
+class FleetCollector:
+    """Reads the fleet's job statistics from Redis at each scrape."""
+
+    def __init__(self, state: Fleet) -> None:
+        self.state = state
+
+    def collect(self):
+        queue = self.state.queue
+        max_age = 3 * self.state.settings.worker_heartbeat_s
+        submitted = CounterMetricFamily(
+            "fleet_jobs_submitted", "Jobs accepted by the gateway.", labels=["model"]
+        )
+        finished = CounterMetricFamily(
+            "fleet_jobs_finished", "Jobs that reached a terminal state.", labels=["model", "status"]
+        )
+        latency = HistogramMetricFamily(
+            "fleet_job_latency_seconds", "Submit to terminal state.", labels=["model"]
+        )
+        wait = HistogramMetricFamily(
+            "fleet_job_queue_wait_seconds", "Submit to start of inference.", labels=["model"]
+        )
+        backlog = GaugeMetricFamily(
+            "fleet_queue_backlog", "Stream entries not yet done.", labels=["model", "state"]
+        )
+        oldest = GaugeMetricFamily(
+            "fleet_queue_oldest_job_age_seconds", "Age of the oldest unread job.", labels=["model"]
+        )
+        ready = GaugeMetricFamily(
+            "fleet_workers_ready", "Workers with the model loaded.", labels=["model"]
+        )
+        dead = GaugeMetricFamily("fleet_dead_letters", "Dead-lettered entries.", labels=["model"])
+        for model in self.state.served_models():
+            stats = queue.stats(model)
+            submitted.add_metric([model], float(stats.get("submitted", 0)))
+            for status in sorted(TERMINAL_STATUSES):
+                finished.add_metric([model, status], float(stats.get(f"finished:{status}", 0)))
+            latency.add_metric([model], *_histogram(stats, "latency"))
+            wait.add_metric([model], *_histogram(stats, "wait"))
+            depth = queue.backlog(model)
+            backlog.add_metric([model, "undelivered"], depth.undelivered)
+            backlog.add_metric([model, "pending"], depth.pending)
+            oldest.add_metric([model], queue.oldest_waiting_age(model))
+            ready.add_metric([model], queue.ready_workers(model, max_age))
+            dead.add_metric([model], queue.dead_letter_count(model))
+        yield from (submitted, finished, latency, wait, backlog, oldest, ready, dead)
+
+
+def _histogram(stats: dict[str, str], name: str) -> tuple[list[tuple[str, float]], float]:
+    """Cumulative buckets and sum from the stats hash's per-bucket counts."""
+    buckets, total = [], 0.0
+    for bound in LATENCY_BUCKETS:
+        total += float(stats.get(f"{name}:{bucket_name(bound)}", 0))
+        buckets.append((str(float(bound)), total))
+    total += float(stats.get(f"{name}:+Inf", 0))
+    buckets.append(("+Inf", total))
+    return buckets, float(stats.get(f"{name}:sum", 0))
