@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test bench lint install redis-server promtool demo-model clean
+.PHONY: up test bench lint status install redis-server promtool demo-model clean
 
 up: install $(if $(REDIS_URL),,redis-server) $(if $(MODEL),,demo-model)
 	$(PY) -m fleet.up
@@ -16,6 +16,9 @@ test: install redis-server promtool demo-model
 
 bench: install redis-server demo-model
 	$(PY) -m bench
+
+status: install
+	$(PY) -m fleet.status
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -121,7 +121,10 @@ def wait_ready(supervisor: Supervisor, settings: Settings, timeout_s: float = 60
     for line in (
         "fleet is up",
         f"  gateway   {base}   (API docs: {base}/docs/swagger, spec: {base}/openapi.json)",
-        f"  flower    {flower}",
+        f"  flower    {flower}"
+        + ("   (basic auth from FLOWER_BASIC_AUTH)" if settings.flower_basic_auth else ""),
+        f"  metrics   {base}/metrics  (worker: "
+        f"http://127.0.0.1:{settings.worker_metrics_port}/metrics)",
         f"  redis     {settings.effective_redis_url}",
         f"  model     {settings.served_model}",
         "  try:      curl -s -H 'Content-Type: application/json' -H 'Prefer: wait=30' "

@@ -3,6 +3,8 @@ show as tasks (a failed one with its error); metrics series exist and move with 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +14,7 @@ import requests
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
 from shared.settings import Settings
-from tests.conftest import fleet_env
+from tests.conftest import ROOT, fleet_env
 
 GATEWAY_SERIES = [
     "fleet_http_request_duration_seconds_bucket", "fleet_jobs_submitted_total",
@@ -135,3 +137,20 @@ def test_flower_lists_batches_as_tasks_including_a_failed_one(fleet, flower):
     ok, failed = by_job[good["id"]], by_job[bad["id"]]
     assert ok["state"] == "SUCCESS" and ok["worker"] == fleet.worker and ok["runtime"] > 0
     assert failed["state"] == "FAILURE" and "prompt_too_long" in failed["exception"]
+
+
+def test_fleet_status_prints_the_fleet_at_a_glance(fleet, redis_url):
+    for _ in range(3):
+        fleet.run({"prompt": "Status", "max_new_tokens": 3})
+    env = fleet_env(redis_url, key_prefix=fleet.prefix)
+    out = subprocess.run(
+        [sys.executable, "-m", "fleet.status"], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "model demo/qwen3.5-tiny-awq" in text and "1 ready" in text
+    worker_line = next(line for line in text.splitlines() if fleet.worker in line)
+    assert "cpu" in worker_line and ("idle" in worker_line or "busy" in worker_line)
+    assert "backlog: 0 waiting" in text
+    assert "jobs/s" in text and "p50" in text and "p95" in text

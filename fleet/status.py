@@ -1,0 +1,82 @@
+"""``python -m fleet.status`` (``make status``): the fleet at a glance, in a terminal.
+
+Workers come from their Redis heartbeats, with live state and tokens/s from Celery's
+``inspect stats`` when they answer within a second; backlog, throughput and latency come
+from the queue's own records of the last ended jobs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import redis
+
+from shared.jobs import Keys
+from shared.queue import JobQueue
+from shared.redis_client import connect
+from shared.settings import Settings, get_settings
+
+WINDOW_S = 300
+
+
+def worker_stats(settings: Settings) -> dict[str, dict]:
+    """Live stats per worker name; empty if none answer (the rest still prints)."""
+    from workers.celery_app import app
+
+    try:
+        replies = app.control.inspect(timeout=1.0).stats() or {}
+    except Exception:  # the broker is down: show what Redis says
+        return {}
+    return {name: reply.get("fleet", {}) for name, reply in replies.items()}
+
+
+def render(settings: Settings, queue: JobQueue, live: dict[str, dict], now: float) -> str:
+    lines = []
+    max_age = 3 * settings.worker_heartbeat_s
+    model = settings.served_model
+    workers = queue.workers(model, max_age)
+    lines.append(f"model {model}")
+    lines.append(f"  workers: {len(workers)} ready")
+    for w in workers:
+        stats = live.get(w["name"], {})
+        state = stats.get("state", "no answer")
+        tps = stats.get("recent_tokens_per_second", "-")
+        lines.append(
+            f"    {w['name']:<32} {w.get('device', '?'):<8} {state:<10} "
+            f"batches {stats.get('batches', '-'):<6} tokens/s {tps}"
+        )
+    backlog = queue.backlog(model)
+    oldest = queue.oldest_waiting_age(model)
+    lines.append(
+        f"  backlog: {backlog.undelivered} waiting, {backlog.pending} running, "
+        f"oldest waiting {oldest:.1f}s, dead letters {queue.dead_letter_count(model)}"
+    )
+    recent = [(t, lat, s) for t, lat, s in queue.recent(model) if t > now - WINDOW_S]
+    last_minute = [r for r in recent if r[0] > now - 60]
+    lines.append(f"  throughput: {len(last_minute) / 60:.2f} jobs/s over the last minute")
+    if len(recent) >= 2:
+        cuts = statistics.quantiles([lat for _, lat, _ in recent], n=100)
+        lines.append(
+            f"  latency (last {WINDOW_S // 60} min, {len(recent)} jobs): "
+            f"p50 {cuts[49]:.2f}s  p95 {cuts[94]:.2f}s"
+        )
+    else:
+        lines.append(f"  latency: too few jobs in the last {WINDOW_S // 60} min")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    settings = get_settings()
+    queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
+    try:
+        print(render(settings, queue, worker_stats(settings), time.time()))
+    except redis.RedisError as exc:
+        print(f"cannot read the fleet at {settings.effective_redis_url}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
