@@ -31,6 +31,7 @@ class Service:
     name: str
     argv: list[str]
     stop_timeout_s: float = 15.0
+    env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's
     restart: bool = True
     proc: subprocess.Popen | None = None
     restarts: int = 0
@@ -46,6 +47,7 @@ class Supervisor:
         self.services: list[Service] = []
         self.stopping = threading.Event()
         self._print_lock = threading.Lock()
+        self._retiring: list[threading.Thread] = []
 
     def say(self, line: str, name: str = "fleet") -> None:
         with self._print_lock:
@@ -58,7 +60,7 @@ class Supervisor:
         service.proc = subprocess.Popen(
             service.argv,
             cwd=self.cwd,
-            env=self.env,
+            env=self.env | service.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -79,9 +81,12 @@ class Supervisor:
         for line in proc.stdout:
             self.say(line.rstrip("\n"), service.name)
 
-    def watch(self, poll_s: float = 0.5) -> None:
-        """Until stopped: restart any service that exits, with a growing back-off."""
+    def watch(self, poll_s: float = 0.5, tick=None) -> None:
+        """Until stopped: restart any service that exits, with a growing back-off, and call
+        ``tick()`` (the autoscaler) every round."""
         while not self.stopping.wait(poll_s):
+            if tick is not None:
+                tick()
             for service in self.services:
                 if service.proc is None or service.proc.poll() is None:
                     continue
@@ -101,11 +106,21 @@ class Supervisor:
                     service.next_start = 0.0
                     self.start(service)
 
+    def retire(self, service: Service) -> threading.Thread:
+        """Stop one service for good (warm: SIGTERM first) without blocking the caller."""
+        self.services.remove(service)
+        thread = threading.Thread(target=self._stop, args=(service,), daemon=True)
+        thread.start()
+        self._retiring.append(thread)
+        return thread
+
     def stop_all(self) -> None:
         """Stop services in reverse start order; each gets SIGTERM, then SIGKILL."""
         self.stopping.set()
         for service in reversed(self.services):
             self._stop(service)
+        for thread in self._retiring:
+            thread.join()
 
     def _stop(self, service: Service) -> None:
         proc = service.proc

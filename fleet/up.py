@@ -1,12 +1,15 @@
 """``make up``: run the whole fleet in the foreground until Ctrl-C or SIGTERM.
 
-Starts, in order: Redis (embedded, AOF under DATA_DIR, unless REDIS_URL is set), one
-inference worker, the gateway under gunicorn, and Flower. Crashed processes are restarted.
-On Ctrl-C or SIGTERM everything is stopped in reverse order; a second signal kills at once.
+Starts, in order: Redis (embedded, AOF under DATA_DIR, unless REDIS_URL is set),
+MIN_WORKERS inference workers, the gateway under gunicorn, and Flower; then the
+autoscaler adds and drains workers with the queue's backlog. Crashed processes are
+restarted. On Ctrl-C or SIGTERM everything is stopped in reverse order; a second signal
+kills at once.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -18,7 +21,12 @@ import urllib.request
 import redis
 
 from fleet import commands
+from fleet.autoscaler import Autoscaler
 from fleet.supervisor import Service, Supervisor
+from fleet.worker_pool import WorkerPool
+from shared.jobs import Keys
+from shared.queue import JobQueue
+from shared.redis_client import connect
 from shared.settings import Settings, get_settings
 from workers import demo_model
 
@@ -33,6 +41,9 @@ def main() -> int:
     if not settings.model:
         env["HF_HUB_OFFLINE"] = "1"  # the demo model is local; never reach a hub
     supervisor = Supervisor(env, cwd=str(commands.ROOT))
+    logging.basicConfig(
+        level=logging.INFO, format="%(message)s", handlers=[_SayHandler(supervisor)]
+    )
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -42,11 +53,18 @@ def main() -> int:
         check_ports_free(settings)
         start_redis(supervisor, settings)
         ensure_model(supervisor, settings, env)
-        supervisor.start(Service("worker", commands.worker(commands.worker_name(0)), 130))
+        pool = WorkerPool(supervisor, settings)
+        queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
+        autoscaler = Autoscaler(settings, queue, pool)
+        pool.scale_to(autoscaler.policy.min_workers)
         supervisor.start(Service("gateway", commands.gateway(), 75))
         supervisor.start(Service("flower", commands.flower(settings)))
-        wait_ready(supervisor, settings)
-        supervisor.watch()
+        wait_ready(supervisor, settings, need_worker=autoscaler.policy.min_workers > 0)
+        supervisor.say(
+            f"autoscaling {autoscaler.policy.min_workers}..{pool.max_workers} workers "
+            f"({pool.gpus or 'no'} GPUs), {settings.target_backlog_per_worker} queued jobs each"
+        )
+        supervisor.watch(tick=autoscaler.tick)
     except StartupError as exc:
         supervisor.say(f"cannot start: {exc}")
         return 1
@@ -104,12 +122,15 @@ def ensure_model(supervisor: Supervisor, settings: Settings, env: dict[str, str]
         )
 
 
-def wait_ready(supervisor: Supervisor, settings: Settings, timeout_s: float = 600) -> None:
+def wait_ready(
+    supervisor: Supervisor, settings: Settings, need_worker: bool, timeout_s: float = 600
+) -> None:
     base = f"http://{_display_host(settings)}:{settings.gateway_port}"
+    probe = f"{base}/readyz" if need_worker else f"{base}/healthz"  # MIN_WORKERS=0: none yet
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{base}/readyz", timeout=2) as response:
+            with urllib.request.urlopen(probe, timeout=2) as response:
                 if response.status == 200:
                     break
         except OSError:
@@ -136,6 +157,17 @@ def wait_ready(supervisor: Supervisor, settings: Settings, timeout_s: float = 60
 
 def _display_host(settings: Settings) -> str:
     return "127.0.0.1" if settings.gateway_host in ("0.0.0.0", "::") else settings.gateway_host
+
+
+class _SayHandler(logging.Handler):
+    """Log records of the launcher (the autoscaler's decisions) as fleet output lines."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        super().__init__()
+        self.supervisor = supervisor
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.supervisor.say(self.format(record))
 
 
 def _kill_now(supervisor: Supervisor) -> None:

@@ -81,6 +81,32 @@ class Settings(BaseSettings):
         9400, ge=0, le=65535, description="Port of a worker's /metrics (0: none)."
     )
 
+    # --- autoscaling ---------------------------------------------------------------------
+    target_backlog_per_worker: int = Field(
+        8, ge=1, description="Backlog one worker should have; more adds workers."
+    )
+    min_workers: int = Field(1, ge=0, description="Fewest workers (0: scale to zero when idle).")
+    max_workers: int | None = Field(
+        None, ge=1, description="Most workers. Default: one per visible GPU, or 1 without GPU."
+    )
+    scale_down_cooldown_s: float = Field(
+        300, ge=0, description="Low load must last this long before workers are removed."
+    )
+    autoscaler_interval_s: float = Field(5, gt=0, description="How often to decide.")
+    autoscaler_metrics_port: int = Field(
+        9500, ge=0, le=65535, description="Port of the autoscaler's /metrics (0: none)."
+    )
+    autoscaler_mode: str = Field(
+        "local",
+        pattern=r"^(local|kubernetes)$",
+        description="local: start/stop worker processes (make up); kubernetes: patch the "
+        "worker Deployment's scale.",
+    )
+    autoscaler_deployment: str = Field("worker", description="Deployment to scale (kubernetes).")
+    autoscaler_namespace: str | None = Field(
+        None, description="Its namespace. Default: the pod's own."
+    )
+
     # --- reliability ---------------------------------------------------------------------
     claim_idle_s: float = Field(
         30.0,
@@ -99,6 +125,12 @@ class Settings(BaseSettings):
         description="Testing only: a worker dies (as if OOM-killed) on a prompt "
         "containing this string. Never set it in production.",
     )
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> Settings:
+        if self.max_workers is not None and self.min_workers > self.max_workers:
+            raise ValueError("MIN_WORKERS must not exceed MAX_WORKERS")
+        return self
 
     @model_validator(mode="after")
     def _claims_outlast_heartbeats(self) -> Settings:

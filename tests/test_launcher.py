@@ -15,7 +15,7 @@ from tests.conftest import ROOT, fleet_env
 
 
 class Launcher:
-    def __init__(self, tmp_path, name: str) -> None:
+    def __init__(self, tmp_path, name: str, **settings: object) -> None:
         self.gateway_port, self.flower_port, self.redis_port = free_port(), free_port(), free_port()
         self.data_dir = tmp_path / name
         env = fleet_env(
@@ -25,6 +25,8 @@ class Launcher:
             embedded_redis_port=self.redis_port,
             worker_metrics_port=free_port(),
             data_dir=self.data_dir,
+            autoscaler_metrics_port=0,
+            **settings,
         )
         env.pop("REDIS_URL")  # the launcher starts its own embedded Redis
         self.log = tmp_path / f"{name}.log"
