@@ -19,6 +19,7 @@ import time
 import urllib.request
 
 import redis
+from prometheus_client import start_http_server
 
 from fleet import commands
 from fleet.autoscaler import Autoscaler
@@ -56,6 +57,7 @@ def main() -> int:
         pool = WorkerPool(supervisor, settings)
         queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
         autoscaler = Autoscaler(settings, queue, pool)
+        serve_autoscaler_metrics(supervisor, settings)
         pool.scale_to(autoscaler.policy.min_workers)
         supervisor.start(Service("gateway", commands.gateway(), 75))
         supervisor.start(Service("flower", commands.flower(settings)))
@@ -77,6 +79,14 @@ def main() -> int:
         supervisor.stop_all()
         supervisor.say("stopped")
     return 0
+
+
+def serve_autoscaler_metrics(supervisor: Supervisor, settings: Settings) -> None:
+    if settings.autoscaler_metrics_port:
+        try:
+            start_http_server(settings.autoscaler_metrics_port, addr="127.0.0.1")
+        except OSError as exc:
+            supervisor.say(f"no autoscaler /metrics on {settings.autoscaler_metrics_port}: {exc}")
 
 
 def check_ports_free(settings: Settings) -> None:
