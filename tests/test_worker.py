@@ -55,3 +55,14 @@ def test_stats_count_work_and_stream_is_left_clean(fleet):
     [group] = fleet.redis.xinfo_groups(stream)
     assert group["name"] == CONSUMER_GROUP and group["pending"] == 0
     assert fleet.redis.xlen(stream) == group["lag"]  # only unread entries remain
+
+
+def test_inspect_fleet_model_describes_the_loaded_model(fleet):
+    app = Celery(broker=_broker_url(fleet))
+    reply = app.control.broadcast("fleet_model", destination=[fleet.worker], reply=True, timeout=5)
+    [answer] = reply
+    model = answer[fleet.worker]
+    assert model["model"] == "demo/qwen3.5-tiny-awq"
+    assert model["architecture"] == "Qwen3_5ForCausalLM"
+    assert model["quantization"].startswith("awq 4-bit")
+    assert model["device"] == "cpu" and model["parameters"] > 0
