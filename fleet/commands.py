@@ -39,6 +39,15 @@ def worker(name: str, loglevel: str = "info") -> list[str]:
     ]  # fmt: skip
 
 
+def webhook_worker(name: str, loglevel: str = "info") -> list[str]:
+    """The webhook worker: its own light app and queue; threads, as attempts wait on I/O."""
+    return [
+        PYTHON, "-m", "celery", "-A", "webhooks.celery_app", "worker",
+        "--queues=webhooks", "--pool=threads", "--concurrency=8",
+        f"--hostname={name}", f"--loglevel={loglevel}",
+    ]  # fmt: skip
+
+
 def gateway() -> list[str]:
     return [
         PYTHON,

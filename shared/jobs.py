@@ -18,6 +18,12 @@ Key scheme (``P`` is ``KEY_PREFIX``, default ``fleet``)::
     P:stats:{model}       hash    counters for metrics: submitted, finished:{status}, and
                                   latency / wait histograms ({name}:{bucket}, {name}:sum)
     P:recent:{model}      list    the last 1000 ended jobs, "completed_at latency status"
+    P:webhook:{id}        hash    one webhook delivery (webhooks.store): url, type, payload,
+                                  state, attempts; expires RESULT_TTL_S after its last write
+                                  plus the wait for its next attempt
+    P:webhook-attempts:{id} list  that delivery's attempts, one JSON object each
+    P:webhook-celery:*    (kombu) the webhooks Celery app's broker keys (queue "webhooks",
+                                  unacked), kept apart from the GPU workers' broker keys
 """
 
 from __future__ import annotations
@@ -73,6 +79,16 @@ class Keys:
 
     def recent(self, model: str) -> str:
         return f"{self.prefix}:recent:{model}"
+
+    def webhook(self, delivery_id: str) -> str:
+        return f"{self.prefix}:webhook:{delivery_id}"
+
+    def webhook_attempts(self, delivery_id: str) -> str:
+        return f"{self.prefix}:webhook-attempts:{delivery_id}"
+
+    def webhook_broker_prefix(self) -> str:
+        """kombu's global_keyprefix for the webhooks Celery app."""
+        return f"{self.prefix}:webhook-celery:"
 
 
 class JobStatus(StrEnum):

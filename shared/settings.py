@@ -6,12 +6,15 @@ thing everywhere. Invalid values fail at start with pydantic's message naming th
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEMO_MODEL_ID = "demo/qwen3.5-tiny-awq"
 
@@ -125,6 +128,54 @@ class Settings(BaseSettings):
         description="Testing only: a worker dies (as if OOM-killed) on a prompt "
         "containing this string. Never set it in production.",
     )
+
+    # --- webhooks ------------------------------------------------------------------------
+    webhook_secret: SecretStr | None = Field(
+        None,
+        description="Standard Webhooks signing secret, whsec_ + base64 of 24..64 random bytes. "
+        "Unset: no webhook can be sent.",
+    )
+    webhook_allow_private: bool = Field(
+        False,
+        description="Allow webhook URLs that resolve to loopback or private addresses "
+        "(tests, on-prem receivers). Cloud metadata addresses stay refused.",
+    )
+    webhook_retry_schedule_s: Annotated[
+        tuple[Annotated[float, Field(ge=0, le=7 * 86_400)], ...], NoDecode
+    ] = Field(
+        (5, 300, 1800, 7200, 18000, 36000, 36000),
+        description="Seconds before each retry of a webhook (+/-20% jitter), comma-separated; "
+        "the default spans about a day; empty: no retries.",
+    )
+    webhook_timeout_s: float = Field(
+        15, gt=0, le=120, description="Whole-request timeout of one webhook attempt."
+    )
+
+    @field_validator("webhook_secret", mode="before")
+    @classmethod
+    def _webhook_secret_format(cls, value: object) -> object:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if value == "" or value is None:
+            return None
+        if not isinstance(value, str) or not value.startswith("whsec_"):
+            raise ValueError("WEBHOOK_SECRET must start with whsec_")
+        encoded = value.removeprefix("whsec_")
+        try:
+            raw = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("WEBHOOK_SECRET must be whsec_ followed by base64") from None
+        if not 24 <= len(raw) <= 64:
+            raise ValueError("WEBHOOK_SECRET must encode 24 to 64 bytes")
+        return value
+
+    @field_validator("webhook_retry_schedule_s", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip().removeprefix("[").removesuffix("]")
+            return tuple(part.strip() for part in text.split(",") if part.strip())
+        return value
 
     @model_validator(mode="after")
     def _min_within_max(self) -> Settings:
