@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,7 +28,8 @@ from fleet import commands
 from fleet.processes import Process, free_port, wait_until
 
 WAIT_S = 60
-TIMEOUT_S = WAIT_S + 30
+TIMEOUT_S = WAIT_S + 30  # one HTTP request
+JOB_LIMIT_S = 600  # one job, polling included: past this the fleet is stuck, not slow
 READY_TIMEOUT_S = 300
 LOG_ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback)\b")
 LOG_WARNING = re.compile(r"\bWARNING(?:/\w+)?\]?(.*)")
@@ -56,7 +57,7 @@ class RunningFleet:
         return (errors + list(warnings))[:limit]
 
 
-def _env(redis_url: str, gateway_port: int, max_batch_size: int) -> dict[str, str]:
+def _env(redis_url: str, gateway_port: int, settings: dict[str, str]) -> dict[str, str]:
     """Like the tests' fleet env: offline, the demo model, a key prefix of this run's own."""
     env = os.environ.copy()
     env.pop("MODEL", None)
@@ -65,11 +66,11 @@ def _env(redis_url: str, gateway_port: int, max_batch_size: int) -> dict[str, st
         REDIS_URL=redis_url,
         KEY_PREFIX=f"bench-{uuid.uuid4().hex[:8]}",
         HF_HUB_OFFLINE="1",
-        MAX_BATCH_SIZE=str(max_batch_size),
         GATEWAY_HOST="127.0.0.1",
         GATEWAY_PORT=str(gateway_port),
         WORKER_HEARTBEAT_S="1",
     )
+    env.update(settings)
     return env
 
 
@@ -81,30 +82,37 @@ def _answers(check: Callable[[], object]) -> bool:
 
 
 @contextmanager
-def running_fleet(max_batch_size: int, logs: Path | None = None) -> Iterator[RunningFleet]:
-    """Start redis-server, a worker and the gateway; stop them all on the way out."""
-    with ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-")))
-        logs = logs or tmp / "logs"
-        procs: list[Process] = []
-        stack.callback(lambda: [p.stop() for p in reversed(procs)])
+def running_fleet(settings: dict[str, str], logs: Path | None = None) -> Iterator[RunningFleet]:
+    """Start redis-server, a worker and the gateway with ``settings`` (env overrides) added.
 
-        redis_port = free_port()
-        redis_url = f"redis://127.0.0.1:{redis_port}/0"
-        argv = commands.redis_server(redis_port, tmp / "redis")
-        procs.append(Process("redis", argv, os.environ.copy(), logs / "redis.log"))
-        client = stack.enter_context(redis.Redis.from_url(redis_url))
-        wait_until(lambda: _answers(client.ping), 20, "redis did not start", *procs)
+    Every process is stopped on the way out, also when startup or the benchmark fails.
+    """
+    procs: list[Process] = []
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        logs = logs or Path(tmp) / "logs"
+        try:
+            redis_port = free_port()
+            redis_url = f"redis://127.0.0.1:{redis_port}/0"
+            argv = commands.redis_server(redis_port, Path(tmp) / "redis")
+            procs.append(Process("redis", argv, os.environ.copy(), logs / "redis.log"))
+            with redis.Redis.from_url(redis_url) as client:
+                wait_until(lambda: _answers(client.ping), 20, "redis did not start", *procs)
 
-        port = free_port()
-        env = _env(redis_url, port, max_batch_size)
-        name = f"bench-{env['KEY_PREFIX']}@localhost"
-        procs.append(Process("worker", commands.worker(name), env, logs / "worker.log"))
-        procs.append(Process("gateway", commands.gateway(), env, logs / "gateway.log"))
-        base = f"http://127.0.0.1:{port}"
-        ready = lambda: requests.get(base + "/readyz", timeout=2).status_code == 200  # noqa: E731
-        wait_until(lambda: _answers(ready), READY_TIMEOUT_S, "fleet did not become ready", *procs)
-        yield RunningFleet(base, procs)
+            port = free_port()
+            env = _env(redis_url, port, settings)
+            name = f"{env['KEY_PREFIX']}@localhost"
+            procs.append(Process("worker", commands.worker(name), env, logs / "worker.log"))
+            procs.append(Process("gateway", commands.gateway(), env, logs / "gateway.log"))
+            base = f"http://127.0.0.1:{port}"
+
+            def ready() -> bool:
+                return requests.get(base + "/readyz", timeout=2).status_code == 200
+
+            wait_until(lambda: _answers(ready), READY_TIMEOUT_S, "fleet not ready", *procs)
+            yield RunningFleet(base, procs)
+        finally:
+            for proc in reversed(procs):
+                proc.stop()
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ class LevelResult:
     mean_inference_s: float
     first_error: str | None = None
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -151,6 +159,8 @@ def _one_job(http: requests.Session, base_url: str, index: int) -> Sample:
     )
     job = response.json() if response.ok else {}
     while response.ok and job.get("status") in ("queued", "running"):
+        if time.perf_counter() - began > JOB_LIMIT_S:
+            raise RuntimeError(f"job {job['id']} not done after {JOB_LIMIT_S} s")
         time.sleep(0.1)  # not done within WAIT_S: poll, so the latency is still the true one
         response = http.get(base_url + job["urls"]["get"], timeout=TIMEOUT_S)
         job = response.json() if response.ok else {}
