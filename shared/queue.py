@@ -247,11 +247,15 @@ class JobQueue:
             count=count,
             block=block_ms,
         )
-        entries = []
+        entries, gone = [], []
         for _stream, messages in reply or []:
             for entry_id, fields in messages:
-                if fields:  # a pending id whose entry was deleted comes back with no fields
+                if fields:
                     entries.append(Entry(entry_id, fields["job"]))
+                else:  # a pending id whose entry was deleted: nothing to run, forget it
+                    gone.append(entry_id)
+        if gone:
+            self.redis.xack(stream, CONSUMER_GROUP, *gone)
         return entries
 
     def start(

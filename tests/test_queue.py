@@ -103,3 +103,11 @@ def test_start_drops_entries_of_vanished_jobs(queue):
     queue.drop(MODEL, dropped)
     assert queue.redis.xlen(queue.keys.stream(MODEL)) == 0
     assert not queue.redis.exists(queue.keys.job(job.id))  # dropping never recreates it
+
+
+def test_own_pending_ids_of_deleted_entries_are_forgotten(queue):
+    queue.submit(MODEL, JobInput(prompt="x"), {})
+    [entry] = queue.read(MODEL, "c1", 10, None)
+    queue.redis.xdel(queue.keys.stream(MODEL), entry.entry_id)
+    assert queue.read(MODEL, "c1", 10, None, own_pending=True) == []
+    assert queue.redis.xpending(queue.keys.stream(MODEL), CONSUMER_GROUP)["pending"] == 0
