@@ -50,6 +50,7 @@ def main() -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)  # also when started with SIGINT ignored (`cmd &`)
     try:
         check_ports_free(settings)
         start_redis(supervisor, settings)
