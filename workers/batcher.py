@@ -36,6 +36,7 @@ from workers.metrics import WorkerMetrics
 log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 1000  # how long an idle read waits, which bounds how fast stop is noticed
+FILL_POLL_S = 0.002  # between reads while a micro-batch fills
 RECONNECT_DELAY_S = (0.5, 1, 2, 5)
 
 
@@ -176,15 +177,18 @@ class BatchLoop:
         """Wait for a first entry, then up to MAX_BATCH_WAIT_MS for the batch to fill."""
         size = self.settings.max_batch_size
         entries = self.queue.read(self.model, self.worker, size, READ_BLOCK_MS)
+        # Fill by polling: Redis checks BLOCK timeouts only ~10 times a second (hz 10), so a
+        # blocking read of a few ms can take 100 ms.
         deadline = time.monotonic() + self.settings.max_batch_wait_ms / 1000
         while entries and len(entries) < size:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
-            more = self.queue.read(self.model, self.worker, size - len(entries), left_ms)
-            if not more:
-                break
-            entries.extend(more)
+            more = self.queue.read(self.model, self.worker, size - len(entries), None)
+            if more:
+                entries.extend(more)
+            else:
+                time.sleep(min(left, FILL_POLL_S))
         return entries
 
     def run_batch(self, entries: list[Entry]) -> None:
