@@ -7,6 +7,7 @@ hundreds of waiting clients do not stop others from submitting or polling.
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 from shared.settings import get_settings
 
@@ -14,15 +15,19 @@ _settings = get_settings()
 
 # The gateway processes share their HTTP metrics through files in this directory. It must
 # be set before prometheus_client is first imported, so that import happens in the hooks.
-os.environ.setdefault(
-    "PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix=f"fleet-gateway-{_settings.gateway_port}-")
-)
+# A directory the operator set is only emptied of stale metric files, never removed.
+_OWN_METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+if _OWN_METRICS_DIR:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
+        prefix=f"fleet-gateway-{_settings.gateway_port}-"
+    )
 
 
 def on_starting(server) -> None:
-    path = os.environ["PROMETHEUS_MULTIPROC_DIR"]
-    shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path, exist_ok=True)
+    path = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):  # left by an earlier run's processes
+        stale.unlink()
 
 
 def child_exit(server, worker) -> None:
@@ -32,7 +37,8 @@ def child_exit(server, worker) -> None:
 
 
 def on_exit(server) -> None:
-    shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+    if _OWN_METRICS_DIR:
+        shutil.rmtree(os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 
 
 bind = f"{_settings.gateway_host}:{_settings.gateway_port}"
