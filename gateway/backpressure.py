@@ -14,6 +14,7 @@ import threading
 import time
 from collections import deque
 
+from shared.jobs import Lane
 from shared.queue import JobQueue
 
 WINDOW_S = 60.0
@@ -47,7 +48,7 @@ class Backpressure:
         ):
             last[2] += 1
             return
-        backlog = self.queue.backlog(model)
+        backlog = self.queue.backlog(model, Lane.INTERACTIVE)
         self._last[model] = [time.monotonic(), backlog.total, 1]
         rate = self._drain_rate(model, backlog.entries_read)
         if backlog.total < self.max_depth:

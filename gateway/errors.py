@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 import redis
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
@@ -19,13 +19,23 @@ log = logging.getLogger(__name__)
 class APIError(Exception):
     """An error the client can act on: raise it from a view with a status and a code."""
 
-    def __init__(self, status: int, code: str, message: str, **extra: object) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: object,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.extra = status, code, message, extra
+        self.headers = headers or {}
 
     def response(self):
-        body = {"code": self.code, "message": self.message, **self.extra}
-        return jsonify(error=body), self.status
+        body = jsonify(error={"code": self.code, "message": self.message, **self.extra})
+        body.headers.update(self.headers)
+        return body, self.status
 
 
 def describe_validation_error(exc: ValidationError) -> APIError:
@@ -65,8 +75,11 @@ def register_error_handlers(app: Flask) -> None:
         status = exc.code or 500
         message = exc.description or exc.name
         if status == 413:
-            limit = app.config.get("MAX_CONTENT_LENGTH")
-            message = f"request body is larger than {limit} bytes (MAX_REQUEST_BYTES)"
+            limit = request.max_content_length
+            name = "MAX_REQUEST_BYTES"
+            if limit != app.config.get("MAX_CONTENT_LENGTH"):
+                name = "BATCH_MAX_BYTES"
+            message = f"request body is larger than {limit} bytes ({name})"
         body, _ = response = APIError(
             status, _HTTP_CODES.get(status, "http_error"), message
         ).response()

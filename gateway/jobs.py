@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 from flask import Blueprint, jsonify, request, url_for
@@ -11,14 +10,15 @@ from spectree import Response
 from gateway.backpressure import QueueFull
 from gateway.errors import APIError
 from gateway.extensions import fleet
-from gateway.openapi import ErrorBody, api_spec
-from shared.jobs import Job, JobCreate, is_job_id
+from gateway.inputs import check_webhook, idempotency_key, json_body
+from gateway.openapi import DeliveryList, ErrorBody, api_spec
+from shared.jobs import DEFAULT_JOB_EVENTS, Job, JobCreate, is_job_id, webhook_fields
 from shared.queue import IdempotencyConflict, IdempotentJobExpired, fingerprint
+from webhooks import deliveries_of
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
 MAX_WAIT_S = 60
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # visible ASCII, as Stripe's
 _PREFER_WAIT = re.compile(r"(?:^|[,;]\s*)wait(?:=(\d+))?\s*(?:$|[,;])", re.IGNORECASE)
 
 
@@ -46,10 +46,12 @@ def create_job():
     With an `Idempotency-Key`, a repeat of the same request within 24 h returns the first
     job (header `Idempotent-Replayed: true`) and creates none; a different body is a 422.
     While the model's backlog is over MAX_QUEUE_DEPTH the answer is 429 with Retry-After.
+    With a `webhook`, signed events about the job are POSTed there (`webhook_events`
+    picks them; default job.completed, job.failed, job.canceled).
     """
     wait_s = _prefer_wait()
-    idempotency_key = _idempotency_key()
-    raw = _json_body()
+    key = idempotency_key()
+    raw = json_body()
     body = JobCreate.model_validate(
         raw, context={"max_new_tokens_limit": fleet.settings.max_new_tokens_limit}
     )
@@ -61,6 +63,7 @@ def create_job():
             f"model '{model}' is not served here; see GET /v1/models",
             param="model",
         )
+    check_webhook(body.webhook)
     try:
         fleet.backpressure.check(model)
     except QueueFull as full:
@@ -72,9 +75,11 @@ def create_job():
         error[0].headers["Retry-After"] = str(full.retry_after_s)
         return error
     try:
+        events = body.webhook_events or DEFAULT_JOB_EVENTS
         submitted = fleet.queue.submit(
             model, body.job_input(), body.metadata, timeout_s=body.timeout_s,
-            idempotency_key=idempotency_key, fingerprint=fingerprint(raw),
+            idempotency_key=key, fingerprint=fingerprint(raw),
+            extra=webhook_fields(fleet.keys, body.webhook, events),
         )  # fmt: skip
     except IdempotencyConflict as exc:
         raise APIError(
@@ -119,6 +124,19 @@ def cancel_job(job_id: str):
     return _job_response(job, 200 if job.status.terminal else 202, None)
 
 
+@bp.get("/<job_id>/webhook_deliveries")
+@api_spec.validate(
+    resp=Response(HTTP_200=DeliveryList, HTTP_404=ErrorBody), tags=["jobs"], skip_validation=True
+)
+def job_webhook_deliveries(job_id: str):
+    """The webhooks sent about a job: each delivery with every attempt (time, HTTP status
+    or error, next retry)."""
+    job = fleet.queue.get(job_id) if is_job_id(job_id) else None
+    if job is None:
+        raise APIError(404, "job_not_found", f"no job '{job_id}' (unknown, or its result expired)")
+    return jsonify(object="list", data=deliveries_of(job_id, fleet.settings))
+
+
 @bp.get("/<job_id>")
 @api_spec.validate(
     resp=Response(HTTP_200=Job, HTTP_404=ErrorBody), tags=["jobs"], skip_validation=True
@@ -138,38 +156,6 @@ def _job_response(job: Job, status: int, wait_s: int | None):
     if wait_s:
         response.headers["Preference-Applied"] = f"wait={wait_s}"
     return response
-
-
-def _json_body() -> dict:
-    if request.mimetype != "application/json":
-        raise APIError(
-            415,
-            "unsupported_media_type",
-            f"send the body as application/json (got '{request.mimetype or 'none'}')",
-        )
-    raw = request.get_data(cache=False)  # raises 413 past MAX_REQUEST_BYTES
-    try:
-        body = json.loads(raw, parse_constant=_reject_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise APIError(400, "invalid_json", f"body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise APIError(400, "invalid_json", "body must be a JSON object")
-    return body
-
-
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _idempotency_key() -> str | None:
-    key = request.headers.get("Idempotency-Key")
-    if key is None:
-        return None
-    if not _IDEMPOTENCY_KEY.match(key):
-        raise APIError(
-            400, "invalid_header", "Idempotency-Key must be 1-255 visible ASCII characters"
-        )
-    return key
 
 
 def _prefer_wait() -> int | None:

@@ -7,7 +7,8 @@ Two kinds of series:
   (PROMETHEUS_MULTIPROC_DIR, set up in ``gateway/gunicorn_conf.py``).
 * fleet-wide, read from Redis at scrape time by :class:`FleetCollector`: jobs submitted
   and finished, end-to-end latency and queue-wait histograms (recorded atomically by the
-  queue scripts), backlog, age of the oldest waiting job, ready workers, dead letters.
+  queue scripts; interactive jobs only), batch requests submitted and finished, backlog
+  and age of the oldest waiting job per lane, ready workers, dead letters.
   Every gateway replica reports the same values: aggregate them with ``max``, not ``sum``.
 """
 
@@ -27,7 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from gateway.extensions import Fleet, fleet
-from shared.jobs import LATENCY_BUCKETS, TERMINAL_STATUSES
+from shared.jobs import LANES, LATENCY_BUCKETS, TERMINAL_STATUSES
 from shared.scripts import bucket_name
 
 HTTP_LATENCY = Histogram(
@@ -95,11 +96,23 @@ class FleetCollector:
         wait = HistogramMetricFamily(
             "fleet_job_queue_wait_seconds", "Submit to start of inference.", labels=["model"]
         )
+        batch_submitted = CounterMetricFamily(
+            "fleet_batch_requests_submitted", "Batch requests accepted.", labels=["model"]
+        )
+        batch_finished = CounterMetricFamily(
+            "fleet_batch_requests_finished",
+            "Batch requests that reached a terminal state.",
+            labels=["model", "status"],
+        )
         backlog = GaugeMetricFamily(
-            "fleet_queue_backlog", "Stream entries not yet done.", labels=["model", "state"]
+            "fleet_queue_backlog",
+            "Stream entries not yet done, by lane (interactive, batch).",
+            labels=["model", "lane", "state"],
         )
         oldest = GaugeMetricFamily(
-            "fleet_queue_oldest_job_age_seconds", "Age of the oldest unread job.", labels=["model"]
+            "fleet_queue_oldest_job_age_seconds",
+            "Age of the oldest unread job, by lane.",
+            labels=["model", "lane"],
         )
         ready = GaugeMetricFamily(
             "fleet_workers_ready", "Workers with the model loaded.", labels=["model"]
@@ -112,13 +125,21 @@ class FleetCollector:
                 finished.add_metric([model, status], float(stats.get(f"finished:{status}", 0)))
             latency.add_metric([model], *_histogram(stats, "latency"))
             wait.add_metric([model], *_histogram(stats, "wait"))
-            depth = queue.backlog(model)
-            backlog.add_metric([model, "undelivered"], depth.undelivered)
-            backlog.add_metric([model, "pending"], depth.pending)
-            oldest.add_metric([model], queue.oldest_waiting_age(model))
+            batch_submitted.add_metric([model], float(stats.get("batch:submitted", 0)))
+            for status in sorted(TERMINAL_STATUSES):
+                count = float(stats.get(f"batch:finished:{status}", 0))
+                batch_finished.add_metric([model, status], count)
+            for lane in LANES:
+                depth = queue.backlog(model, lane)
+                backlog.add_metric([model, lane, "undelivered"], depth.undelivered)
+                backlog.add_metric([model, lane, "pending"], depth.pending)
+                oldest.add_metric([model, lane], queue.oldest_waiting_age(model, lane))
             ready.add_metric([model], queue.ready_workers(model, max_age))
             dead.add_metric([model], queue.dead_letter_count(model))
-        yield from (submitted, finished, latency, wait, backlog, oldest, ready, dead)
+        yield from (
+            submitted, finished, latency, wait, batch_submitted, batch_finished,
+            backlog, oldest, ready, dead,
+        )  # fmt: skip
 
 
 def _histogram(stats: dict[str, str], name: str) -> tuple[list[tuple[str, float]], float]:

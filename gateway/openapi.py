@@ -7,7 +7,7 @@ is used for documentation only (``skip_validation=True``).
 from __future__ import annotations
 
 from flask import Blueprint, jsonify
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from spectree import SpecTree
 
 
@@ -19,6 +19,35 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     error: ErrorDetail
+
+
+class DeliveryAttempt(BaseModel):
+    attempt: int
+    at: str
+    status: int | None = Field(description="HTTP status of the answer; null if none came.")
+    error: str | None = None
+    duration_ms: float
+    next_retry_at: str | None = None
+
+
+class Delivery(BaseModel):
+    """One webhook event and its delivery; ``id`` is the ``webhook-id`` header."""
+
+    id: str
+    object: str = "webhook_delivery"
+    url: str
+    type: str
+    state: str = Field(description="pending, delivered, failed or gone (the receiver sent 410).")
+    created_at: str | None = None
+    ended_at: str | None = None
+    next_retry_at: str | None = None
+    error: str | None = None
+    attempts: list[DeliveryAttempt]
+
+
+class DeliveryList(BaseModel):
+    object: str = "list"
+    data: list[Delivery]
 
 
 api_spec = SpecTree(

@@ -7,8 +7,10 @@ Key scheme (``P`` is ``KEY_PREFIX``, default ``fleet``)::
 
     P:job:{id}            hash    one job's record (fields of JobRecord); expires
                                   RESULT_TTL_S after it reaches a terminal state
-    P:stream:{model}      stream  the model's queue; entries are {job: id}; consumer
-                                  group "workers"; an entry is deleted once acknowledged
+    P:stream:{model}      stream  the model's interactive queue; entries are {job: id};
+                                  consumer group "workers"; an entry is deleted once acked
+    P:batch-stream:{model} stream the model's batch queue (same shape): workers read it only
+                                  when the interactive one has nothing for them
     P:workers:{model}     zset    worker name -> unix time of its last heartbeat
     P:worker:{name}       hash    what a worker serves (model, device, loaded_at); expires
     P:job-finished        channel job ids, published when a job reaches a terminal state
@@ -18,6 +20,13 @@ Key scheme (``P`` is ``KEY_PREFIX``, default ``fleet``)::
     P:stats:{model}       hash    counters for metrics: submitted, finished:{status}, and
                                   latency / wait histograms ({name}:{bucket}, {name}:sum)
     P:recent:{model}      list    the last 1000 ended jobs, "completed_at latency status"
+    P:batch:{id}          hash    one batch (fields of the batch object, counters, webhook);
+                                  expires RESULT_TTL_S after it completes or is cancelled
+    P:batch-jobs:{id}     list    the batch's job ids, in input order
+    P:batch-results:{id}  list    one JSONL result line per ended request, in end order
+    P:events              stream  outbox of webhook events {type, id, url}, written in the same
+                                  script as the transition; consumer group "webhooks"
+    P:webhook-owner:{id}  list    delivery ids of the webhooks sent about a job or batch
     P:webhook:{id}        hash    one webhook delivery (webhooks.store): url, type, payload,
                                   state, attempts; expires RESULT_TTL_S after its last write
                                   plus the wait for its next attempt
@@ -45,6 +54,7 @@ from pydantic import (
 )
 
 CONSUMER_GROUP = "workers"
+EVENTS_GROUP = "webhooks"
 # Histogram buckets (seconds) of job latency and queue wait, kept in P:stats:{model}.
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
 
@@ -59,8 +69,25 @@ class Keys:
     def job(self, job_id: str) -> str:
         return f"{self.prefix}:job:{job_id}"
 
-    def stream(self, model: str) -> str:
+    def stream(self, model: str, lane: Lane | str = "interactive") -> str:
+        if lane == Lane.BATCH:
+            return f"{self.prefix}:batch-stream:{model}"
         return f"{self.prefix}:stream:{model}"
+
+    def batch(self, batch_id: str) -> str:
+        return f"{self.prefix}:batch:{batch_id}"
+
+    def batch_jobs(self, batch_id: str) -> str:
+        return f"{self.prefix}:batch-jobs:{batch_id}"
+
+    def batch_results(self, batch_id: str) -> str:
+        return f"{self.prefix}:batch-results:{batch_id}"
+
+    def events(self) -> str:
+        return f"{self.prefix}:events"
+
+    def webhook_owner(self, owner_id: str) -> str:
+        return f"{self.prefix}:webhook-owner:{owner_id}"
 
     def workers(self, model: str) -> str:
         return f"{self.prefix}:workers:{model}"
@@ -91,6 +118,16 @@ class Keys:
         return f"{self.prefix}:webhook-celery:"
 
 
+class Lane(StrEnum):
+    """A model's two queues. Workers fill micro-batches from batch only after interactive."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+LANES = (Lane.INTERACTIVE, Lane.BATCH)  # in the order workers read them
+
+
 class JobStatus(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
@@ -105,6 +142,11 @@ class JobStatus(StrEnum):
 
 
 TERMINAL_STATUSES = frozenset(s.value for s in JobStatus if s.terminal)
+
+# Webhook events about a job; ``job.failed`` covers failed and expired jobs.
+JobEvent = Literal["job.started", "job.completed", "job.failed", "job.canceled"]
+DEFAULT_JOB_EVENTS: tuple[str, ...] = ("job.completed", "job.failed", "job.canceled")
+WebhookURL = Annotated[str, Field(min_length=1, max_length=2048)]
 
 
 def new_job_id() -> str:
@@ -190,10 +232,29 @@ class JobCreate(JobInput):
     metadata: dict[MetadataKey, MetadataValue] = Field(
         default_factory=dict, max_length=16, description="Your own labels, returned as given."
     )
+    webhook: WebhookURL | None = Field(
+        None,
+        description="http(s) URL that receives signed events about this job (Standard "
+        "Webhooks). Loopback, private and metadata addresses are refused.",
+    )
+    webhook_events: list[JobEvent] | None = Field(
+        None,
+        min_length=1,
+        description="Which events to send. Default: job.completed, job.failed, job.canceled.",
+    )
+
+    @model_validator(mode="after")
+    def _events_need_webhook(self) -> JobCreate:
+        if self.webhook_events is not None and self.webhook is None:
+            raise ValueError("'webhook_events' needs a 'webhook' URL")
+        return self
 
     def job_input(self) -> JobInput:
         return JobInput.model_validate(
-            self.model_dump(exclude={"model", "metadata", "timeout_s"}, exclude_none=True)
+            self.model_dump(
+                exclude={"model", "metadata", "timeout_s", "webhook", "webhook_events"},
+                exclude_none=True,
+            )
         )
 
 
@@ -229,6 +290,8 @@ class Job(BaseModel):
     object: Literal["job"] = "job"
     status: JobStatus
     model: str
+    batch_id: str | None = None
+    custom_id: str | None = None
     created_at: str
     started_at: str | None = None
     completed_at: str | None = None
@@ -240,6 +303,8 @@ class Job(BaseModel):
     metrics: JobMetrics = Field(default_factory=JobMetrics)
     worker: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    webhook: str | None = None
+    webhook_events: list[str] | None = None
     urls: dict[str, str] = Field(default_factory=dict)
 
 
@@ -258,9 +323,14 @@ def new_record(
     job_input: JobInput,
     metadata: dict[str, str],
     timeout_s: float | None = None,
+    extra: dict[str, str] | None = None,
+    now: float | None = None,
 ) -> dict[str, str]:
-    """The hash a new job is stored as (all values are strings, as Redis keeps them)."""
-    now = time.time()
+    """The hash a new job is stored as (all values are strings, as Redis keeps them).
+
+    ``extra`` holds the webhook and batch fields (:func:`webhook_fields`, batch_fields).
+    """
+    now = time.time() if now is None else now
     record = {
         "id": job_id,
         "model": model,
@@ -271,7 +341,16 @@ def new_record(
     }
     if timeout_s is not None:
         record["deadline"] = repr(now + timeout_s)
-    return record
+    return record | (extra or {})
+
+
+def webhook_fields(keys: Keys, url: str | None, events: tuple[str, ...] | list[str]) -> dict:
+    """Record fields that make the scripts queue these events for ``url`` (none if no url).
+
+    The record names the events stream itself, so every script that ends a job can emit."""
+    if not url or not events:
+        return {}
+    return {"webhook": url, "webhook_events": " ".join(events), "events_key": keys.events()}
 
 
 def terminal_fields(
@@ -308,10 +387,15 @@ def job_from_record(record: dict[str, str]) -> Job:
         inference_seconds=ts("inference_seconds"),
         batch_size=int(record["batch_size"]) if record.get("batch_size") else None,
     )
+    urls = {"get": f"/v1/jobs/{record['id']}", "cancel": f"/v1/jobs/{record['id']}/cancel"}
+    if record.get("webhook"):
+        urls["webhook_deliveries"] = f"/v1/jobs/{record['id']}/webhook_deliveries"
     return Job(
         id=record["id"],
         status=JobStatus(record["status"]),
         model=record["model"],
+        batch_id=record.get("batch") or None,
+        custom_id=record.get("custom_id"),
         created_at=rfc3339(created) or "",
         started_at=rfc3339(started),
         completed_at=rfc3339(ts("completed_at")),
@@ -323,5 +407,7 @@ def job_from_record(record: dict[str, str]) -> Job:
         metrics=metrics,
         worker=record.get("worker") or None,
         metadata=json.loads(record.get("metadata") or "{}"),
-        urls={"get": f"/v1/jobs/{record['id']}"},
+        webhook=record.get("webhook") or None,
+        webhook_events=record["webhook_events"].split() if record.get("webhook") else None,
+        urls=urls,
     )

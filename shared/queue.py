@@ -24,11 +24,13 @@ import redis
 from shared import scripts
 from shared.jobs import (
     CONSUMER_GROUP,
+    LANES,
     Job,
     JobError,
     JobInput,
     JobStatus,
     Keys,
+    Lane,
     job_from_record,
     new_job_id,
     new_record,
@@ -46,6 +48,7 @@ class Entry:
 
     entry_id: str
     job_id: str
+    lane: Lane = Lane.INTERACTIVE
 
 
 @dataclass(frozen=True)
@@ -100,12 +103,22 @@ class JobQueue:
     # --- both sides ----------------------------------------------------------------------
 
     def ensure_group(self, model: str) -> None:
-        """Create the model's stream and consumer group; from id 0, so no entry is missed."""
-        try:
-            self.redis.xgroup_create(self.keys.stream(model), CONSUMER_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Create the model's streams and consumer groups; from id 0, so no entry is missed."""
+        for lane in LANES:
+            try:
+                self.redis.xgroup_create(
+                    self.keys.stream(model, lane), CONSUMER_GROUP, id="0", mkstream=True
+                )
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    def ensure_group_once(self, model: str) -> None:
+        """Before the first submit: so the lag is known (and KEDA can scale) before any
+        worker has started."""
+        if model not in self._groups:
+            self.ensure_group(model)
+            self._groups.add(model)
 
     def get(self, job_id: str) -> Job | None:
         """The job; a queued job past its deadline is expired on the way (no worker may be up)."""
@@ -123,12 +136,20 @@ class JobQueue:
         return self._end_if(
             keys=[self.keys.job(job_id), self.keys.stats(model), self.keys.recent(model)],
             args=[expected.value, self.result_ttl_s, self.keys.job_finished_channel, job_id,
-                  *_pairs(fields)],
+                  *pairs(fields)],
         )  # fmt: skip
 
-    def backlog(self, model: str) -> Backlog:
+    def backlog(self, model: str, lane: Lane | None = None) -> Backlog:
+        """Entries not done in one lane, or in both (what the workers have to get through)."""
+        if lane is None:
+            parts = [self.backlog(model, one) for one in LANES]
+            return Backlog(
+                sum(p.undelivered for p in parts),
+                sum(p.pending for p in parts),
+                sum(p.entries_read for p in parts),
+            )
         try:
-            groups = self.redis.xinfo_groups(self.keys.stream(model))
+            groups = self.redis.xinfo_groups(self.keys.stream(model, lane))
         except redis.ResponseError:  # no such stream yet
             return Backlog(0, 0)
         for group in groups:
@@ -140,9 +161,11 @@ class JobQueue:
                 )
         return Backlog(0, 0)
 
-    def oldest_waiting_age(self, model: str) -> float:
+    def oldest_waiting_age(self, model: str, lane: Lane | None = None) -> float:
         """Seconds since the oldest job no worker has read yet was queued (0 if none)."""
-        stream = self.keys.stream(model)
+        if lane is None:
+            return max(self.oldest_waiting_age(model, one) for one in LANES)
+        stream = self.keys.stream(model, lane)
         try:
             groups = {g["name"]: g for g in self.redis.xinfo_groups(stream)}
         except redis.ResponseError:
@@ -188,17 +211,16 @@ class JobQueue:
         timeout_s: float | None = None,
         idempotency_key: str | None = None,
         fingerprint: str = "",
+        extra: dict[str, str] | None = None,
     ) -> Submitted:
         """Queue a job. With an Idempotency-Key seen before, return that job instead."""
-        if model not in self._groups:  # so the lag is known (and KEDA can scale) before any
-            self.ensure_group(model)  # worker has started
-            self._groups.add(model)
+        self.ensure_group_once(model)
         job_id = new_job_id()
-        record = new_record(job_id, model, job_input, metadata, timeout_s)
+        record = new_record(job_id, model, job_input, metadata, timeout_s, extra)
         idem = self.keys.idempotency(idempotency_key) if idempotency_key else ""
         outcome, value = self._submit(
             keys=[self.keys.stream(model), self.keys.job(job_id), idem, self.keys.stats(model)],
-            args=[job_id, fingerprint, IDEMPOTENCY_TTL_S, *_pairs(record)],
+            args=[job_id, fingerprint, IDEMPOTENCY_TTL_S, *pairs(record)],
         )
         if outcome == "created":
             return Submitted(job_from_record(record), replayed=False)
@@ -209,6 +231,19 @@ class JobQueue:
         if prior is None:
             raise IdempotentJobExpired(prior_id)
         return Submitted(prior, replayed=True)
+
+    def end_queued(self, model: str, job_ids: list[str], status: JobStatus) -> None:
+        """End those of these jobs that are still queued (a batch's cancel sweep)."""
+        fields = pairs(terminal_fields(status=status))
+        channel = self.keys.job_finished_channel
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            self._end_if(
+                keys=[self.keys.job(job_id), self.keys.stats(model), self.keys.recent(model)],
+                args=[JobStatus.QUEUED.value, self.result_ttl_s, channel, job_id, *fields],
+                client=pipe,
+            )
+        pipe.execute()
 
     def cancel(self, job_id: str) -> Job | None:
         """Cancel a queued job now, or ask its worker to stop a running one at its next token.
@@ -237,25 +272,40 @@ class JobQueue:
         block_ms: int | None,
         *,
         own_pending: bool = False,
+        lanes: tuple[Lane, ...] = LANES,
     ) -> list[Entry]:
-        """Entries for this consumer: new ones, or (own_pending) those it read but never acked."""
-        stream = self.keys.stream(model)
+        """Entries for this consumer: new ones, or (own_pending) those it read but never acked.
+
+        With several lanes, up to ``count`` from each; :meth:`read_next` keeps the priority.
+        """
+        streams = {self.keys.stream(model, lane): lane for lane in lanes}
         reply = self.redis.xreadgroup(
             CONSUMER_GROUP,
             consumer,
-            {stream: "0" if own_pending else ">"},
+            dict.fromkeys(streams, "0" if own_pending else ">"),
             count=count,
             block=block_ms,
         )
-        entries, gone = [], []
-        for _stream, messages in reply or []:
+        entries = []
+        for stream, messages in reply or []:
+            gone = []
             for entry_id, fields in messages:
                 if fields:
-                    entries.append(Entry(entry_id, fields["job"]))
+                    entries.append(Entry(entry_id, fields["job"], streams[stream]))
                 else:  # a pending id whose entry was deleted: nothing to run, forget it
                     gone.append(entry_id)
-        if gone:
-            self.redis.xack(stream, CONSUMER_GROUP, *gone)
+            if gone:
+                self.redis.xack(stream, CONSUMER_GROUP, *gone)
+        return entries
+
+    def read_next(self, model: str, consumer: str, count: int, block_ms: int | None) -> list[Entry]:
+        """Up to ``count`` new entries, interactive ones first: the batch lane fills only what
+        the interactive lane leaves. With ``block_ms``, wait that long for a first entry."""
+        entries = self.read(model, consumer, count, None, lanes=(Lane.INTERACTIVE,))
+        if len(entries) < count:
+            entries += self.read(model, consumer, count - len(entries), None, lanes=(Lane.BATCH,))
+        if not entries and block_ms:
+            entries = self.read(model, consumer, 1, block_ms)
         return entries
 
     def start(
@@ -292,31 +342,36 @@ class JobQueue:
 
     def touch(self, model: str, consumer: str, entries: list[Entry]) -> None:
         """Reset the idle time of entries this live worker is still working on."""
-        if entries:
+        for lane, ids in _by_lane(entries).items():
             self.redis.xclaim(
-                self.keys.stream(model), CONSUMER_GROUP, consumer, 0,
-                [e.entry_id for e in entries], justid=True,
-            )  # fmt: skip
+                self.keys.stream(model, lane), CONSUMER_GROUP, consumer, 0, ids, justid=True
+            )
 
     def claim_abandoned(self, model: str, consumer: str, idle_ms: int, count: int) -> list[Entry]:
         """Take over entries idle longer than idle_ms: their worker died without acking."""
-        stream = self.keys.stream(model)
-        reply = self.redis.xautoclaim(stream, CONSUMER_GROUP, consumer, idle_ms, "0-0", count=count)
-        messages, deleted = reply[1], reply[2] if len(reply) > 2 else []
-        if deleted:  # ids in the group's pending list whose entries no longer exist
-            self.redis.xack(stream, CONSUMER_GROUP, *deleted)
-        return [Entry(entry_id, fields["job"]) for entry_id, fields in messages if fields]
+        for lane in LANES:
+            stream = self.keys.stream(model, lane)
+            reply = self.redis.xautoclaim(
+                stream, CONSUMER_GROUP, consumer, idle_ms, "0-0", count=count
+            )
+            messages, deleted = reply[1], reply[2] if len(reply) > 2 else []
+            if deleted:  # ids in the group's pending list whose entries no longer exist
+                self.redis.xack(stream, CONSUMER_GROUP, *deleted)
+            claimed = [Entry(entry_id, f["job"], lane) for entry_id, f in messages if f]
+            if claimed:
+                return claimed
+        return []
 
     def deliveries(self, model: str, consumer: str, entries: list[Entry]) -> dict[str, int]:
         """How many times each of these entries (pending for this consumer) was delivered."""
-        if not entries:
-            return {}
-        ids = sorted((e.entry_id for e in entries), key=_id_key)
-        rows = self.redis.xpending_range(
-            self.keys.stream(model), CONSUMER_GROUP, ids[0], ids[-1], len(entries) + 1000,
-            consumername=consumer,
-        )  # fmt: skip
-        counts = {row["message_id"]: int(row["times_delivered"]) for row in rows}
+        counts: dict[str, int] = {}
+        for lane, ids in _by_lane(entries).items():
+            ids.sort(key=_id_key)
+            rows = self.redis.xpending_range(
+                self.keys.stream(model, lane), CONSUMER_GROUP, ids[0], ids[-1], len(ids) + 1000,
+                consumername=consumer,
+            )  # fmt: skip
+            counts.update({row["message_id"]: int(row["times_delivered"]) for row in rows})
         return {e.entry_id: counts.get(e.entry_id, 1) for e in entries}
 
     def dead_letter(self, model: str, entry: Entry, deliveries: int) -> None:
@@ -330,13 +385,14 @@ class JobQueue:
         self._dead_letter(
             keys=[
                 self.keys.job(entry.job_id),
-                self.keys.stream(model),
+                self.keys.stream(model, entry.lane),
                 self.keys.dead_letters(model),
                 self.keys.stats(model),
                 self.keys.recent(model),
             ],
             args=[CONSUMER_GROUP, entry.entry_id, entry.job_id, deliveries, repr(time.time()),
-                  self.result_ttl_s, self.keys.job_finished_channel, *_pairs(fields)],
+                  self.result_ttl_s, self.keys.job_finished_channel, entry.lane.value,
+                  *pairs(fields)],
         )  # fmt: skip
 
     def dead_letters(self, model: str, count: int = 1000) -> list[dict[str, str]]:
@@ -348,9 +404,13 @@ class JobQueue:
         rows = self.redis.xrange(self.keys.dead_letters(model), letter_id, letter_id)
         if not rows:
             raise KeyError(letter_id)
-        job_id = rows[0][1]["job"]
+        job_id, lane = rows[0][1]["job"], Lane(rows[0][1].get("lane", Lane.INTERACTIVE))
         entry = self._requeue(
-            keys=[self.keys.dead_letters(model), self.keys.stream(model), self.keys.job(job_id)],
+            keys=[
+                self.keys.dead_letters(model),
+                self.keys.stream(model, lane),
+                self.keys.job(job_id),
+            ],
             args=[letter_id, job_id],
         )
         return entry or None
@@ -362,7 +422,7 @@ class JobQueue:
             self._finish(
                 keys=[
                     self.keys.job(entry.job_id),
-                    self.keys.stream(model),
+                    self.keys.stream(model, entry.lane),
                     self.keys.stats(model),
                     self.keys.recent(model),
                 ],
@@ -372,7 +432,7 @@ class JobQueue:
                     self.result_ttl_s,
                     self.keys.job_finished_channel,
                     entry.job_id,
-                    *_pairs(fields),
+                    *pairs(fields),
                 ],
                 client=pipe,
             )
@@ -397,9 +457,16 @@ class JobQueue:
         pipe.execute()
 
 
-def _pairs(mapping: dict[str, str]) -> list[str]:
+def pairs(mapping: dict[str, str]) -> list[str]:
     """A mapping as the flat field, value, ... list that HSET takes in a script."""
     return [item for pair in mapping.items() for item in pair]
+
+
+def _by_lane(entries: list[Entry]) -> dict[Lane, list[str]]:
+    lanes: dict[Lane, list[str]] = {}
+    for entry in entries:
+        lanes.setdefault(entry.lane, []).append(entry.entry_id)
+    return lanes
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:

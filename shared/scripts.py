@@ -11,6 +11,12 @@ write that may fail first (XADD) and its bookkeeping after. Invariants they keep
 * Every terminal transition goes through ``ended()``: it sets the record's TTL, counts
   the job in the model's stats (by status, with its latency), and publishes the job id on
   the job-finished channel, which is what ``Prefer: wait`` listens to.
+* A job of a batch also carries its batch's key names; ``ended()`` counts it in the batch,
+  appends its result line, and ends the batch when the last request ends. Batch jobs are
+  counted apart (``batch:*`` stats) so they never skew interactive latency.
+* Webhook events are written to the events stream (an outbox) by the same script as the
+  transition they announce, so an event is never lost nor sent for a change that did not
+  happen; the webhook worker turns each into a delivery.
 """
 
 from __future__ import annotations
@@ -40,15 +46,57 @@ local function observe(stats, name, value)
   redis.call('HINCRBY', stats, name .. ':' .. bucket, 1)
   redis.call('HINCRBYFLOAT', stats, name .. ':sum', value)
 end
--- After a job's terminal fields are written: TTL, stats, recent list, notify.
+-- Is event type etype in a space-separated list of wanted events?
+local function wants(list, etype)
+  return list and string.find(' ' .. list .. ' ', ' ' .. etype .. ' ', 1, true) ~= nil
+end
+-- Queue a webhook event (the outbox); the webhook worker builds and sends the payload.
+local function emit(events, etype, id, url)
+  redis.call('XADD', events, '*', 'type', etype, 'id', id, 'url', url)
+end
+local job_event = {{succeeded = 'job.completed', failed = 'job.failed',
+                   expired = 'job.failed', canceled = 'job.canceled'}}
+local batch_counter = {{succeeded = 'completed', failed = 'failed', expired = 'failed',
+                       canceled = 'cancelled'}}
+-- A request of a batch ended: count it, keep its result line, end the batch if it was
+-- the last one.
+local function batch_request_ended(batch, results, status, id, custom_id, output, err,
+                                   now, ttl)
+  if redis.call('EXISTS', batch) == 0 then return end  -- expired long ago
+  redis.call('HINCRBY', batch, batch_counter[status], 1)
+  redis.call('RPUSH', results, '{{"custom_id":' .. cjson.encode(custom_id) .. ',"job_id":"'
+    .. id .. '","status":"' .. status .. '","output":' .. (output or 'null')
+    .. ',"error":' .. (err or 'null') .. '}}')
+  local b = redis.call('HMGET', batch, 'total', 'completed', 'failed', 'cancelled', 'status',
+                       'id', 'webhook', 'webhook_events', 'events_key', 'jobs_key')
+  local done = tonumber(b[2]) + tonumber(b[3]) + tonumber(b[4])
+  if done < tonumber(b[1]) or b[5] == 'completed' or b[5] == 'cancelled' then return end
+  local final = 'completed'
+  if b[5] == 'cancelling' then final = 'cancelled' end
+  redis.call('HSET', batch, 'status', final, final .. '_at', now)
+  redis.call('EXPIRE', batch, ttl)
+  redis.call('EXPIRE', results, ttl)
+  redis.call('EXPIRE', b[10], ttl)
+  if b[7] and wants(b[8], 'batch.' .. final) then emit(b[9], 'batch.' .. final, b[6], b[7]) end
+end
+-- After a job's terminal fields are written: TTL, stats, recent list, notify, events.
 local function ended(job, stats, recent, ttl, channel, id)
   redis.call('EXPIRE', job, ttl)
-  local r = redis.call('HMGET', job, 'status', 'created_at', 'completed_at')
-  redis.call('HINCRBY', stats, 'finished:' .. r[1], 1)
-  local latency = tonumber(r[3]) - tonumber(r[2])
-  observe(stats, 'latency', latency)
-  redis.call('LPUSH', recent, r[3] .. ' ' .. latency .. ' ' .. r[1])
-  redis.call('LTRIM', recent, 0, 999)
+  local r = redis.call('HMGET', job, 'status', 'created_at', 'completed_at', 'batch_key',
+                       'results_key', 'custom_id', 'output', 'error', 'webhook',
+                       'webhook_events', 'events_key')
+  local status = r[1]
+  if r[4] then
+    redis.call('HINCRBY', stats, 'batch:finished:' .. status, 1)
+    batch_request_ended(r[4], r[5], status, id, r[6], r[7], r[8], r[3], ttl)
+  else
+    redis.call('HINCRBY', stats, 'finished:' .. status, 1)
+    local latency = tonumber(r[3]) - tonumber(r[2])
+    observe(stats, 'latency', latency)
+    redis.call('LPUSH', recent, r[3] .. ' ' .. latency .. ' ' .. status)
+    redis.call('LTRIM', recent, 0, 999)
+  end
+  if r[9] and wants(r[10], job_event[status]) then emit(r[11], job_event[status], id, r[9]) end
   redis.call('PUBLISH', channel, id)
 end
 """
@@ -76,13 +124,16 @@ return {'created', entry}
 START = f"""
 {_PRELUDE}
 local rec = redis.call('HMGET', KEYS[1], 'status', 'input', 'created_at', 'deadline',
-                       'cancel_requested')
+                       'cancel_requested', 'batch_key', 'webhook', 'webhook_events',
+                       'events_key')
 local status = rec[1]
 if not status then return {{}} end
 if terminal[status] then return {{status}} end
 local now = tonumber(ARGV[1])
+local batch_status = nil
+if rec[6] then batch_status = redis.call('HGET', rec[6], 'status') end
 local stop = nil
-if rec[5] == '1' then
+if rec[5] == '1' or batch_status == 'cancelling' or batch_status == 'cancelled' then
   stop = 'canceled'
 elseif rec[4] and tonumber(rec[4]) < now then
   stop = 'expired'
@@ -93,8 +144,14 @@ if stop then
   ended(KEYS[1], KEYS[2], KEYS[3], ARGV[3], ARGV[4], ARGV[5])
   return {{stop}}
 end
-if status == 'queued' then observe(KEYS[2], 'wait', now - tonumber(rec[3])) end
+if status == 'queued' and not rec[6] then observe(KEYS[2], 'wait', now - tonumber(rec[3])) end
+if batch_status == 'queued' then
+  redis.call('HSET', rec[6], 'status', 'in_progress', 'in_progress_at', ARGV[1])
+end
 redis.call('HSET', KEYS[1], 'status', 'running', 'started_at', ARGV[1], 'worker', ARGV[2])
+if status == 'queued' and rec[7] and wants(rec[8], 'job.started') then
+  emit(rec[9], 'job.started', ARGV[5], rec[7])
+end
 return {{'running', rec[2], rec[3], rec[4] or ''}}
 """
 
@@ -139,14 +196,14 @@ return status
 
 # Move a poison entry to the dead-letter stream and fail its job.
 # KEYS: job, stream, dead, stats, recent. ARGV: group, entry id, job id, deliveries, now,
-# ttl, channel, field, value, ... (the job's terminal fields).
+# ttl, channel, lane, field, value, ... (the job's terminal fields).
 DEAD_LETTER = f"""
 {_PRELUDE}
 redis.call('XADD', KEYS[3], '*', 'job', ARGV[3], 'entry', ARGV[2], 'deliveries', ARGV[4],
-           'at', ARGV[5])
+           'at', ARGV[5], 'lane', ARGV[8])
 local status = redis.call('HGET', KEYS[1], 'status')
 if status and not terminal[status] then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 8))
+  redis.call('HSET', KEYS[1], unpack(ARGV, 9))
   ended(KEYS[1], KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[3])
 end
 redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])
@@ -168,4 +225,41 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 redis.call('XDEL', KEYS[1], ARGV[1])
 return entry
+"""
+
+# Make a batch visible and queue its requests, in one step: the job records were written
+# before (with a short TTL, so a gateway dying midway leaves nothing behind); this queues
+# them all or none. KEYS: batch stream, batch, batch jobs, idempotency key ("" when none),
+# stats. ARGV: batch id, fingerprint, idempotency ttl, job key prefix, n, n job ids, then
+# the batch's field, value, ... Returns {'replay', "batch-id fingerprint"} or {'created'}.
+COMMIT_BATCH = """
+if KEYS[4] ~= '' then
+  local prior = redis.call('GET', KEYS[4])
+  if prior then return {'replay', prior} end
+end
+local n = tonumber(ARGV[5])
+for i = 6, 5 + n do
+  redis.call('XADD', KEYS[1], '*', 'job', ARGV[i])
+  redis.call('PERSIST', ARGV[4] .. ARGV[i])
+end
+for i = 6, 5 + n, 1000 do
+  redis.call('RPUSH', KEYS[3], unpack(ARGV, i, math.min(i + 999, 5 + n)))
+end
+redis.call('HSET', KEYS[2], unpack(ARGV, 6 + n))
+if KEYS[4] ~= '' then
+  redis.call('SET', KEYS[4], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[3])
+end
+redis.call('HINCRBY', KEYS[5], 'batch:submitted', n)
+return {'created'}
+"""
+
+# Start cancelling a batch: from now on its requests end canceled instead of starting.
+# KEYS: batch. ARGV: now. Returns the batch's status before ('' if gone).
+CANCEL_BATCH = """
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return '' end
+if status == 'queued' or status == 'in_progress' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelling', 'cancelling_at', ARGV[1])
+end
+return status
 """

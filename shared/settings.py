@@ -123,6 +123,17 @@ class Settings(BaseSettings):
     max_queue_depth: int = Field(
         10_000, ge=1, description="Backlog (unread + running) above which submits get 429."
     )
+    batch_max_requests: int = Field(
+        50_000, ge=1, description="Most requests in one batch (POST /v1/batches)."
+    )
+    batch_max_bytes: int = Field(
+        104_857_600, ge=1024, description="Largest batch request body (413)."
+    )
+    batch_max_queue_depth: int = Field(
+        1_000_000,
+        ge=1,
+        description="Batch requests queued (unread + running) above which a new batch gets 429.",
+    )
     fault_crash_marker: str | None = Field(
         None,
         description="Testing only: a worker dies (as if OOM-killed) on a prompt "
@@ -149,6 +160,9 @@ class Settings(BaseSettings):
     )
     webhook_timeout_s: float = Field(
         15, gt=0, le=120, description="Whole-request timeout of one webhook attempt."
+    )
+    webhook_metrics_port: int = Field(
+        9401, ge=0, le=65535, description="Port of the webhook worker's /metrics (0: none)."
     )
 
     @field_validator("webhook_secret", mode="before")

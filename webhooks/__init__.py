@@ -4,7 +4,7 @@ The fleet calls :func:`enqueue_event` and reads outcomes with :func:`deliveries`
 webhook worker (:mod:`webhooks.celery_app`, queue ``webhooks``) makes the attempts.
 """
 
-from webhooks.api import WebhookConfigError, deliveries, delivery, enqueue_event
+from webhooks.api import WebhookConfigError, deliveries, deliveries_of, delivery, enqueue_event
 from webhooks.ssrf import UnresolvableURLError, UnsafeURLError, check_url
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "WebhookConfigError",
     "check_url",
     "deliveries",
+    "deliveries_of",
     "delivery",
     "enqueue_event",
 ]

@@ -35,8 +35,22 @@ def new_delivery_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def enqueue_event(url: str, event_type: str, data: dict[str, Any], settings: Settings) -> str:
+def enqueue_event(
+    url: str,
+    event_type: str,
+    data: dict[str, Any],
+    settings: Settings,
+    *,
+    delivery_id: str | None = None,
+    owner: str | None = None,
+    check_url: bool = True,
+) -> str:
     """Send ``{type, timestamp, data}`` to ``url``, signed; return the delivery id.
+
+    A given ``delivery_id`` makes the call idempotent: the delivery is created once, and a
+    repeated call only re-sends the first attempt's task (which runs at most once).
+    ``owner`` (a job or batch id) lists the delivery under it for :func:`deliveries_of`.
+    ``check_url=False`` leaves the SSRF check to the attempt, which records a refusal.
 
     Raises :class:`~webhooks.ssrf.UnsafeURLError` (a ValueError) for a URL that may not
     receive webhooks, ValueError for a bad event, WebhookConfigError without a secret.
@@ -47,7 +61,8 @@ def enqueue_event(url: str, event_type: str, data: dict[str, Any], settings: Set
         raise ValueError("event_type must be a non-empty string of at most 128 characters")
     if not isinstance(data, dict):
         raise ValueError("data must be a JSON object (dict)")
-    ssrf.check_url(url, settings.webhook_allow_private)
+    if check_url:
+        ssrf.check_url(url, settings.webhook_allow_private)
     event = {"type": event_type, "timestamp": rfc3339(time.time()), "data": data}
     try:
         payload = json.dumps(event, separators=(",", ":"), allow_nan=False)
@@ -55,9 +70,9 @@ def enqueue_event(url: str, event_type: str, data: dict[str, Any], settings: Set
         raise ValueError(f"data is not JSON: {exc}") from None
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise ValueError(f"the event is {len(payload)} bytes, over {MAX_PAYLOAD_BYTES}")
-    delivery_id = new_delivery_id()
+    delivery_id = delivery_id or new_delivery_id()
     ttl_s = settings.result_ttl_s + FIRST_ATTEMPT_LEASE_S
-    _store(settings).create(delivery_id, url, event_type, payload, ttl_s)
+    _store(settings).create(delivery_id, url, event_type, payload, ttl_s, owner)
     _producer(settings).send_task(DELIVER_TASK, args=(delivery_id, 1), queue=QUEUE)
     return delivery_id
 
@@ -70,6 +85,12 @@ def deliveries(delivery_ids: Sequence[str], settings: Settings) -> list[dict[str
     pending, delivered, failed or gone.
     """
     return [d for d in _store(settings).read(list(delivery_ids)) if d is not None]
+
+
+def deliveries_of(owner: str, settings: Settings) -> list[dict[str, Any]]:
+    """The deliveries about one job or batch, oldest first (see :func:`deliveries`)."""
+    store = _store(settings)
+    return [d for d in store.read(store.owned_by(owner)) if d is not None]
 
 
 def delivery(delivery_id: str, settings: Settings) -> dict[str, Any] | None:

@@ -52,16 +52,38 @@ return redis.call('HMGET', rec, 'url', 'payload', 'created_at')
 """
 
 
+# KEYS[1] delivery hash, KEYS[2] owner's delivery list ("" when none); ARGV ttl, field,
+# value, ... Creates the delivery once: returns 1 if created, 0 if it already existed.
+CREATE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+if KEYS[2] ~= '' then
+  redis.call('RPUSH', KEYS[2], redis.call('HGET', KEYS[1], 'id'))
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
+return 1
+"""
+
+
 class DeliveryStore:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis = client
         self.keys = keys
         self._claim = client.register_script(CLAIM)
+        self._create = client.register_script(CREATE)
 
     def create(
-        self, delivery_id: str, url: str, event_type: str, payload: str, ttl_s: float
-    ) -> None:
-        key = self.keys.webhook(delivery_id)
+        self,
+        delivery_id: str,
+        url: str,
+        event_type: str,
+        payload: str,
+        ttl_s: float,
+        owner: str | None = None,
+    ) -> bool:
+        """Store a new delivery (listed under its owner, a job or batch id); False if one
+        with this id exists already, so an event processed twice is delivered once."""
         record = {
             "id": delivery_id,
             "url": url,
@@ -71,10 +93,13 @@ class DeliveryStore:
             "created_at": repr(time.time()),
             "attempts": "0",
         }
-        with self.redis.pipeline() as pipe:
-            pipe.hset(key, mapping=record)
-            pipe.expire(key, _seconds(ttl_s))
-            pipe.execute()
+        owner_key = self.keys.webhook_owner(owner) if owner else ""
+        args = [_seconds(ttl_s), *(item for pair in record.items() for item in pair)]
+        return bool(self._create(keys=[self.keys.webhook(delivery_id), owner_key], args=args))
+
+    def owned_by(self, owner: str) -> list[str]:
+        """Ids of the deliveries about one job or batch, oldest first."""
+        return self.redis.lrange(self.keys.webhook_owner(owner), 0, -1)
 
     def claim(self, delivery_id: str, attempt: int, lease_s: float) -> Claimed | None:
         found = self._claim(

@@ -5,7 +5,8 @@ worker's event loop keeps answering heartbeats and remote control while a batch 
 One loop iteration is a short list of named steps::
 
     retries (own pending after a restart or outage; entries of dead workers, now and then)
-      or read a micro-batch  ->  start  ->  infer  ->  finish (store + ack)
+      or read a micro-batch (interactive lane first, then batch)
+      ->  start  ->  infer  ->  finish (store + ack)
 
 Retried entries may be what killed a worker, so they are taken and run one at a time, and
 one delivered more than MAX_DELIVERIES times is dead-lettered instead. Shutdown is warm:
@@ -174,9 +175,11 @@ class BatchLoop:
                 self.run_batch([entry])
 
     def next_batch(self) -> list[Entry]:
-        """Wait for a first entry, then up to MAX_BATCH_WAIT_MS for the batch to fill."""
+        """Wait for a first entry, then up to MAX_BATCH_WAIT_MS for the batch to fill.
+
+        Interactive entries come first; batch entries only fill what they leave."""
         size = self.settings.max_batch_size
-        entries = self.queue.read(self.model, self.worker, size, READ_BLOCK_MS)
+        entries = self.queue.read_next(self.model, self.worker, size, READ_BLOCK_MS)
         # Fill by polling: Redis checks BLOCK timeouts only ~10 times a second (hz 10), so a
         # blocking read of a few ms can take 100 ms.
         deadline = time.monotonic() + self.settings.max_batch_wait_ms / 1000
@@ -184,7 +187,7 @@ class BatchLoop:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            more = self.queue.read(self.model, self.worker, size - len(entries), None)
+            more = self.queue.read_next(self.model, self.worker, size - len(entries), None)
             if more:
                 entries.extend(more)
             else:
