@@ -146,13 +146,14 @@ class BatchQueue:
         ``cancelling`` until its last running request ends, then ``cancelled``.
 
         Workers also refuse to start a request of a cancelling batch, so a request this
-        sweep misses (read by a worker meanwhile) is cancelled all the same."""
+        sweep misses (read by a worker meanwhile) is cancelled all the same, and cancelling
+        again sweeps again (after a gateway died midway, say)."""
         key = self.keys.batch(batch_id)
         model = self.redis.hget(key, "model")
         if model is None:
             return None
         before = self._cancel(keys=[key], args=[repr(time.time())])
-        if before in ("queued", "in_progress"):
+        if before in ("queued", "in_progress", "cancelling"):  # again: finishes a cut sweep
             job_ids_key = self.keys.batch_jobs(batch_id)
             length = self.redis.llen(job_ids_key)
             for start in range(0, length, WRITE_CHUNK):

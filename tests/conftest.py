@@ -15,6 +15,7 @@ import requests
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
 from shared.jobs import TERMINAL_STATUSES
+from tests.webhook_receiver import Receiver, serve_receiver
 from workers import demo_model
 
 ROOT = commands.ROOT
@@ -139,3 +140,12 @@ def fleet(redis_url, demo_model_path, tmp_path_factory) -> Iterator[Fleet]:
     yield running
     gateway.stop()
     worker.stop()
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver on loopback (see :mod:`tests.webhook_receiver`)."""
+    state, server = serve_receiver()
+    yield state
+    server.shutdown()
+    server.server_close()

@@ -8,10 +8,12 @@ kustomize` when one is on the PATH, and always with the small builder below, whi
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -19,9 +21,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
 
+from fleet import commands
+from shared.jobs import LANES, Keys, Lane
 from shared.settings import Settings
 
 K8S = Path(__file__).resolve().parent.parent / "k8s"
@@ -201,6 +206,70 @@ def test_every_env_reference_is_defined_here():
                     continue
                 assert key_ref["name"] in defined, f"{where}: {var['name']}"
                 assert key_ref["key"] in defined[key_ref["name"]], f"{where}: {var['name']}"
+
+
+def _secret_ref(container: dict, name: str) -> tuple[str, str]:
+    (var,) = [e for e in container.get("env", []) if e["name"] == name]
+    ref = var["valueFrom"]["secretKeyRef"]
+    return ref["name"], ref["key"]
+
+
+def test_webhook_worker_runs_the_launchers_command_without_a_gpu():
+    deployment = _objects("Deployment")["webhooks"]
+    container = _container("Deployment", "webhooks")
+    # What `make up` runs (fleet.commands), as `celery ...` instead of `python -m celery ...`.
+    launcher = commands.webhook_worker("webhooks@$(POD_NAME)")
+    assert launcher[:2] == [commands.PYTHON, "-m"]
+    assert _argv(container) == launcher[2:]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert {"configMapRef": {"name": "fleet-config"}} in container["envFrom"]
+    resources = container["resources"]
+    assert not any("gpu" in key for part in resources.values() for key in part)
+    for key in ("cpu", "memory"):
+        assert resources["requests"][key] and resources["limits"][key]
+    assert "tolerations" not in deployment["spec"]["template"]["spec"]
+    # Warm shutdown outlasts one attempt.
+    (config,) = _objects("ConfigMap").values()
+    settings = Settings(**{k.lower(): v for k, v in config["data"].items()})
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > settings.webhook_timeout_s
+    # Its /metrics port, named for the PodMonitor, is the one the worker serves.
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == settings.webhook_metrics_port == 9401
+
+
+def test_webhook_worker_probes_ping_its_own_celery_hostname():
+    container = _container("Deployment", "webhooks")
+    assert "--hostname=webhooks@$(POD_NAME)" in _argv(container)
+    for probe in ("startupProbe", "livenessProbe"):
+        shell, flag, script = container[probe]["exec"]["command"]
+        assert (shell, flag) == ("sh", "-c"), probe  # probes get no $(VAR) expansion
+        assert script.startswith("python -m celery -A webhooks.celery_app inspect ping"), probe
+        assert '-d "webhooks@$POD_NAME"' in script, probe
+        timeout = int(re.search(r"--timeout=(\d+)", script).group(1))
+        assert container[probe]["timeoutSeconds"] > timeout, probe
+    assert "readinessProbe" not in container  # no Service sends it traffic
+
+
+def test_gateway_and_webhook_worker_sign_with_the_same_secret():
+    refs = {name: _secret_ref(_container("Deployment", name), "WEBHOOK_SECRET")
+            for name in ("gateway", "webhooks")}  # fmt: skip
+    assert refs["gateway"] == refs["webhooks"]
+    secret_name, key = refs["gateway"]
+    assert key in _objects("Secret")[secret_name]["stringData"]
+
+
+def test_webhook_secret_placeholder_cannot_be_used():
+    """A valid placeholder would let a fleet sign with a key published here: the settings
+    must refuse it, so the gateway and the webhook worker stop at start until it is set."""
+    (secret,) = _objects("Secret").values()
+    placeholder = secret["stringData"]["WEBHOOK_SECRET"]
+    assert placeholder.startswith("whsec_")
+    with pytest.raises(pydantic.ValidationError, match="WEBHOOK_SECRET"):
+        Settings(webhook_secret=placeholder)
+    generated = "whsec_" + base64.b64encode(os.urandom(32)).decode()  # as the comment says
+    assert Settings(webhook_secret=generated).webhook_secret is not None
 
 
 def test_flower_reads_its_basic_auth_from_the_secret():
@@ -464,9 +533,17 @@ def _scaled_object() -> dict:
     return _one(COMPONENT_OBJECTS["keda"], "ScaledObject")
 
 
-def _trigger() -> dict:
-    (trigger,) = _scaled_object()["spec"]["triggers"]
-    return trigger
+def _triggers() -> dict[Lane, dict]:
+    """The ScaledObject's triggers by lane: one on each lane's stream (configmap.yaml's
+    KEY_PREFIX and model)."""
+    (config,) = _objects("ConfigMap").values()
+    settings = Settings(**{k.lower(): v for k, v in config["data"].items()})
+    keys = Keys(settings.key_prefix)
+    lanes = {keys.stream(settings.served_model, lane): lane for lane in LANES}
+    triggers = _scaled_object()["spec"]["triggers"]
+    streams = [t["metadata"]["stream"] for t in triggers]
+    assert sorted(streams) == sorted(lanes), "one trigger on each lane's stream"
+    return {lanes[t["metadata"]["stream"]]: t for t in triggers}
 
 
 def _controller_env() -> dict[str, str]:
@@ -488,23 +565,33 @@ def test_scaled_object_scales_the_worker_deployment_on_stream_lag():
         assert isinstance(spec[field], int) and spec[field] >= 0, field
     assert 0 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
     assert spec["maxReplicaCount"] >= 1
-    trigger = _trigger()
-    assert trigger["type"] == "redis-streams"
-    meta = trigger["metadata"]
-    assert all(isinstance(v, str) for v in meta.values()), "trigger metadata values are strings"
-    # Lag mode: consumerGroup and lagCount set, no other mode's threshold.
-    assert meta["consumerGroup"] == CONSUMER_GROUP
-    assert int(meta["lagCount"]) >= 1
-    assert int(meta["activationLagCount"]) >= 0
-    assert not {"pendingEntriesCount", "streamLength"} & meta.keys()
+    for trigger in _triggers().values():
+        assert trigger["type"] == "redis-streams"
+        meta = trigger["metadata"]
+        assert all(isinstance(v, str) for v in meta.values()), "trigger metadata values: strings"
+        # Lag mode: consumerGroup and lagCount set, no other mode's threshold.
+        assert meta["consumerGroup"] == CONSUMER_GROUP
+        assert int(meta["lagCount"]) >= 1
+        assert int(meta["activationLagCount"]) >= 0
+        assert not {"pendingEntriesCount", "streamLength"} & meta.keys()
+    # Both lanes alike: queued batch work adds workers, and wakes one from zero, as jobs do.
+    interactive, batch = (_triggers()[lane]["metadata"] for lane in (Lane.INTERACTIVE, Lane.BATCH))
+    assert {k: v for k, v in batch.items() if k != "stream"} == {
+        k: v for k, v in interactive.items() if k != "stream"
+    }
 
 
 def test_scaled_object_reads_the_stream_the_gateway_writes():
     (config,) = _objects("ConfigMap").values()
     settings = Settings(**{k.lower(): v for k, v in config["data"].items()})
-    meta = _trigger()["metadata"]
-    assert meta["stream"] == f"{settings.key_prefix}:stream:{settings.served_model}"
-    assert meta["stream"] == f"fleet:stream:{settings.served_model}"
+    triggers = _triggers()
+    assert triggers[Lane.INTERACTIVE]["metadata"]["stream"] == (
+        f"fleet:stream:{settings.served_model}"
+    )
+    assert triggers[Lane.BATCH]["metadata"]["stream"] == (
+        f"fleet:batch-stream:{settings.served_model}"
+    )
+    meta = triggers[Lane.INTERACTIVE]["metadata"]
     # The Redis of REDIS_URL, reached from KEDA's own namespace: a Service of the fleet's
     # namespace by its namespaced name, any other host as it is.
     url = urlsplit(settings.redis_url)
@@ -553,9 +640,10 @@ def test_scaled_object_scales_up_at_once_and_down_slowly():
 
 def test_keda_and_the_controller_scale_by_the_same_numbers():
     spec = _scaled_object()["spec"]
-    meta = _trigger()["metadata"]
     env = _controller_env()
-    assert int(meta["lagCount"]) == int(env["TARGET_BACKLOG_PER_WORKER"])
+    for trigger in _triggers().values():
+        assert int(trigger["metadata"]["lagCount"]) == int(env["TARGET_BACKLOG_PER_WORKER"])
+    meta = _triggers()[Lane.INTERACTIVE]["metadata"]
     assert spec["minReplicaCount"] == int(env["MIN_WORKERS"])
     assert spec["maxReplicaCount"] == int(env["MAX_WORKERS"])
     assert spec["cooldownPeriod"] == int(env["SCALE_DOWN_COOLDOWN_S"])

@@ -1,7 +1,10 @@
-"""``make up``'s launcher: two fleets side by side, each serving, each stopping cleanly."""
+"""``make up``'s launcher: two fleets side by side, each serving (webhook worker included),
+each stopping cleanly."""
 
 from __future__ import annotations
 
+import base64
+import re
 import signal
 import subprocess
 import sys
@@ -10,13 +13,21 @@ import time
 import psutil
 import requests
 
+from fleet import commands
 from fleet.processes import free_port, wait_until
+from shared.settings import Settings
 from tests.conftest import ROOT, fleet_env
+
+GENERATED_SECRET = re.compile(
+    r"WEBHOOK_SECRET was not set; generated for this run: (whsec_[A-Za-z0-9+/=]+); "
+    r"set it to keep it across restarts"
+)
 
 
 class Launcher:
     def __init__(self, tmp_path, name: str, **settings: object) -> None:
         self.gateway_port, self.flower_port, self.redis_port = free_port(), free_port(), free_port()
+        self.webhook_metrics_port = free_port()
         self.data_dir = tmp_path / name
         env = fleet_env(
             "",
@@ -26,9 +37,13 @@ class Launcher:
             worker_metrics_port=free_port(),
             data_dir=self.data_dir,
             autoscaler_metrics_port=0,
+            webhook_metrics_port=self.webhook_metrics_port,
             **settings,
         )
         env.pop("REDIS_URL")  # the launcher starts its own embedded Redis
+        for name in [n for n in env if n.upper() in ("WEBHOOK_SECRET", "WEBHOOK_ALLOW_PRIVATE")]:
+            del env[name]  # make up's local defaults apply
+        self.env = env | {"REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0"}  # its clients
         self.log = tmp_path / f"{name}.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
@@ -62,11 +77,12 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
         children = {f: _children(f) for f in fleets}
         for launcher in fleets:
             names = " ".join(_cmd(c) for c in children[launcher])
-            for expected in ("redis-server", "gunicorn", "worker", "flower"):
+            for expected in ("redis-server", "gunicorn", "worker", "flower", "webhooks.celery_app"):
                 assert expected in names, names
             out = launcher.output()
             assert f"http://127.0.0.1:{launcher.gateway_port}" in out
             assert f"http://127.0.0.1:{launcher.flower_port}" in out
+            _check_webhook_defaults(launcher, children[launcher])
 
             response = requests.post(
                 f"{launcher.base}/v1/jobs", json={"prompt": "Hi", "max_new_tokens": 4},
@@ -79,6 +95,15 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
             assert flower.status_code == 200
             # The embedded Redis persists with AOF under the fleet's own data directory.
             assert list((launcher.data_dir / "redis").rglob("*.aof")), "no AOF file"
+
+        # The webhook worker answers on its broker under its own name, and serves /metrics.
+        wait_until(lambda: _pings_webhook_worker(fleets[0]), 60, "no ping from the webhook worker")
+        for launcher in fleets:
+            metrics = f"http://127.0.0.1:{launcher.webhook_metrics_port}/metrics"
+            assert f"webhooks: {metrics}" in launcher.output()
+            wait_until(
+                lambda m=metrics: _serves_deliveries(m), 30, f"no webhook metrics at {metrics}"
+            )
 
         # A worker or Redis that dies is restarted, and the fleet serves again.
         restart = fleets[0]
@@ -109,6 +134,43 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
         for launcher in fleets:
             if launcher.proc.poll() is None:
                 launcher.proc.kill()
+
+
+def _check_webhook_defaults(launcher: Launcher, children: list[psutil.Process]) -> None:
+    """make up generates one WEBHOOK_SECRET for the run, prints it, and gives the gateway and
+    the webhook worker the same one; webhook URLs on private addresses are allowed."""
+    out = launcher.output()
+    match = GENERATED_SECRET.search(out)
+    assert match, out[-3000:]
+    secret = match.group(1)
+    assert Settings(webhook_secret=secret).webhook_secret.get_secret_value() == secret
+    assert len(base64.b64decode(secret.removeprefix("whsec_"))) == 32
+    assert "set WEBHOOK_ALLOW_PRIVATE=0 to refuse" in out
+    checked = 0
+    for child in children:
+        if any(part in _cmd(child) for part in ("gunicorn", "webhooks.celery_app")):
+            environ = child.environ()
+            assert environ["WEBHOOK_SECRET"] == secret, _cmd(child)
+            assert environ["WEBHOOK_ALLOW_PRIVATE"] == "1", _cmd(child)
+            checked += 1
+    assert checked >= 2
+
+
+def _pings_webhook_worker(launcher: Launcher) -> bool:
+    ping = [
+        sys.executable, "-m", "celery", "-A", "webhooks.celery_app", "inspect", "ping",
+        "-d", commands.webhook_worker_name(), "--timeout=5",
+    ]  # fmt: skip
+    reply = subprocess.run(ping, cwd=ROOT, env=launcher.env, capture_output=True, timeout=60)
+    return reply.returncode == 0
+
+
+def _serves_deliveries(url: str) -> bool:
+    try:
+        response = requests.get(url, timeout=5)
+    except requests.ConnectionError:
+        return False
+    return response.status_code == 200 and "fleet_webhook_deliveries" in response.text
 
 
 def _children(launcher: Launcher) -> list[psutil.Process]:

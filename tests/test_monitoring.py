@@ -35,6 +35,8 @@ HISTOGRAMS = {
 SERIES = {
     "fleet_jobs_submitted_total",
     "fleet_jobs_finished_total",
+    "fleet_batch_requests_submitted_total",
+    "fleet_batch_requests_finished_total",
     "fleet_queue_backlog",
     "fleet_queue_oldest_job_age_seconds",
     "fleet_workers_ready",
@@ -54,7 +56,8 @@ KNOWN_METRICS = SERIES | {
 # Fleet-wide values read from Redis: every gateway replica exports the same numbers, so they
 # must be aggregated with max, never summed over replicas.
 FLEET_WIDE = re.compile(
-    r"^(fleet_jobs_(submitted|finished)_total|fleet_job_(latency|queue_wait)_seconds_\w+"
+    r"^(fleet_(jobs|batch_requests)_(submitted|finished)_total"
+    r"|fleet_job_(latency|queue_wait)_seconds_\w+"
     r"|fleet_queue_\w+|fleet_workers_ready|fleet_dead_letters)$"
 )
 
@@ -63,6 +66,7 @@ ALERTS = {
     "FleetBacklogGrowing": "warning",
     "FleetOldestQueuedJobTooOld": "warning",
     "FleetNoWorkerReady": "critical",
+    "FleetBatchLaneStalled": "warning",
     "FleetWebhookFailureRateHigh": "warning",
 }
 PANELS = {
@@ -70,6 +74,8 @@ PANELS = {
     "Jobs finished per second by status",
     "Generated tokens per second",
     "Backlog (undelivered / pending)",
+    "Backlog by lane (interactive / batch)",
+    "Batch requests per second (submitted / finished by status)",
     "Oldest queued job age",
     "Micro-batch size (p50 / mean)",
     "Tokens per second per worker",
@@ -215,7 +221,9 @@ def test_kustomization_lists_every_file():
 
 def test_kustomization_carries_the_operator_objects():
     kinds = sorted(o["kind"] for o in OBJECTS)
-    assert kinds == ["PodMonitor", "PrometheusRule", "ServiceMonitor", "ServiceMonitor"]
+    assert kinds == [
+        "PodMonitor", "PodMonitor", "PrometheusRule", "ServiceMonitor", "ServiceMonitor"
+    ]  # fmt: skip
     for obj in OBJECTS:
         assert obj["apiVersion"] == "monitoring.coreos.com/v1", obj["kind"]
         assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
@@ -263,24 +271,20 @@ def test_service_monitor_selects_its_service_and_port(monitor, port):
     assert "namespaceSelector" not in spec  # its own namespace, wherever an overlay puts it
 
 
-def test_pod_monitor_selects_the_worker_pods_on_9400():
-    spec = _objects("PodMonitor")["worker"]["spec"]
-    worker = _base("Deployment", "worker")
-    pod_labels = worker["spec"]["template"]["metadata"]["labels"]
+@pytest.mark.parametrize(("monitor", "port"), [("worker", 9400), ("webhooks", 9401)])
+def test_pod_monitor_selects_its_pods_and_their_metrics_port(monitor, port):
+    spec = _objects("PodMonitor")[monitor]["spec"]
+    deployment = _base("Deployment", monitor)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
-    for other in ("gateway", "flower"):
+    for other in {"gateway", "flower", "worker", "webhooks"} - {monitor}:
         labels = _base("Deployment", other)["spec"]["template"]["metadata"]["labels"]
         assert not spec["selector"]["matchLabels"].items() <= labels.items()
     (endpoint,) = spec["podMetricsEndpoints"]
     assert endpoint.get("path", "/metrics") == "/metrics"
-    (container,) = worker["spec"]["template"]["spec"]["containers"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
     declared = {p["containerPort"]: p.get("name") for p in container.get("ports", [])}
-    if 9400 not in declared:
-        pytest.xfail(
-            "k8s/worker.yaml does not declare containerPort 9400 (name: metrics) yet: "
-            "the PodMonitor finds no target until it does"
-        )
-    assert declared[9400] == endpoint["port"]
+    assert declared[port] == endpoint["port"] == "metrics"
 
 
 # --- alert rules --------------------------------------------------------------------------
@@ -335,6 +339,23 @@ def _replicas(series: str, values: str) -> list[dict]:
     return [{"series": f'{series[:-1]},instance="gw-{i}"}}', "values": values} for i in (0, 1)]
 
 
+def _backlog(model: str, lane: str, undelivered: str, pending: str) -> list[dict]:
+    """One lane of a model's fleet_queue_backlog, both states, from two gateway replicas."""
+    return [
+        *_replicas(
+            f'fleet_queue_backlog{{model="{model}",lane="{lane}",state="undelivered"}}',
+            undelivered,
+        ),
+        *_replicas(
+            f'fleet_queue_backlog{{model="{model}",lane="{lane}",state="pending"}}', pending
+        ),
+    ]
+
+
+def _age(model: str, lane: str, values: str) -> list[dict]:
+    return _replicas(f'fleet_queue_oldest_job_age_seconds{{model="{model}",lane="{lane}"}}', values)
+
+
 def _latency(model: str, per_minute: dict[str, int]) -> list[dict]:
     out, total = [], 0
     for le in ("0.5", "1", "2.5", "+Inf"):
@@ -359,14 +380,15 @@ ALERT_TESTS = [
             },
         ],
     },
-    # The backlog of "growing" rises by 5 a minute; "steady" stays at 40.
+    # The interactive backlog of "growing" rises by 5 a minute; "steady" stays at 40 while
+    # its batch lane grows (a batch lane may: it is not counted).
     {
         "interval": "1m",
         "input_series": [
-            *_replicas('fleet_queue_backlog{model="growing",state="undelivered"}', "0+5x40"),
-            *_replicas('fleet_queue_backlog{model="growing",state="pending"}', "16x40"),
-            *_replicas('fleet_queue_backlog{model="steady",state="undelivered"}', "40x40"),
-            *_replicas('fleet_queue_backlog{model="steady",state="pending"}', "16x40"),
+            *_backlog("growing", "interactive", "0+5x40", "16x40"),
+            *_backlog("growing", "batch", "0x40", "0x40"),
+            *_backlog("steady", "interactive", "40x40", "16x40"),
+            *_backlog("steady", "batch", "0+500x40", "8x40"),
         ],
         "alert_rule_test": [
             {"eval_time": "8m", "alertname": "FleetBacklogGrowing", "exp_alerts": []},
@@ -377,12 +399,15 @@ ALERT_TESTS = [
             },
         ],
     },
-    # The oldest job of "stuck" ages a minute a minute; that of "moving" stays at 20 s.
+    # The oldest interactive job of "stuck" ages a minute a minute; that of "moving" stays at
+    # 20 s while its oldest batch request waits for hours (as a big batch's may).
     {
         "interval": "1m",
         "input_series": [
-            *_replicas('fleet_queue_oldest_job_age_seconds{model="stuck"}', "0+60x20"),
-            *_replicas('fleet_queue_oldest_job_age_seconds{model="moving"}', "20x20"),
+            *_age("stuck", "interactive", "0+60x20"),
+            *_age("stuck", "batch", "0x20"),
+            *_age("moving", "interactive", "20x20"),
+            *_age("moving", "batch", "7200+60x20"),
         ],
         "alert_rule_test": [
             {"eval_time": "5m", "alertname": "FleetOldestQueuedJobTooOld", "exp_alerts": []},
@@ -393,26 +418,54 @@ ALERT_TESTS = [
             },
         ],
     },
-    # No worker and jobs queued: "down". No worker, nothing queued: "idle". A worker: "up".
+    # No worker and jobs queued: "down"; batch requests only: "batch-down". No worker,
+    # nothing queued: "idle". A worker: "up".
     {
         "interval": "1m",
         "input_series": [
             *_replicas('fleet_workers_ready{model="down"}', "0x20"),
-            *_replicas('fleet_queue_backlog{model="down",state="undelivered"}', "3x20"),
-            *_replicas('fleet_queue_backlog{model="down",state="pending"}', "0x20"),
+            *_backlog("down", "interactive", "3x20", "0x20"),
+            *_backlog("down", "batch", "0x20", "0x20"),
+            *_replicas('fleet_workers_ready{model="batch-down"}', "0x20"),
+            *_backlog("batch-down", "interactive", "0x20", "0x20"),
+            *_backlog("batch-down", "batch", "100x20", "0x20"),
             *_replicas('fleet_workers_ready{model="idle"}', "0x20"),
-            *_replicas('fleet_queue_backlog{model="idle",state="undelivered"}', "0x20"),
-            *_replicas('fleet_queue_backlog{model="idle",state="pending"}', "0x20"),
+            *_backlog("idle", "interactive", "0x20", "0x20"),
+            *_backlog("idle", "batch", "0x20", "0x20"),
             *_replicas('fleet_workers_ready{model="up"}', "1x20"),
-            *_replicas('fleet_queue_backlog{model="up",state="undelivered"}', "3x20"),
-            *_replicas('fleet_queue_backlog{model="up",state="pending"}', "2x20"),
+            *_backlog("up", "interactive", "3x20", "2x20"),
+            *_backlog("up", "batch", "3x20", "0x20"),
         ],
         "alert_rule_test": [
             {"eval_time": "3m", "alertname": "FleetNoWorkerReady", "exp_alerts": []},
             {
                 "eval_time": "10m",
                 "alertname": "FleetNoWorkerReady",
-                "exp_alerts": [{"exp_labels": {"severity": "critical", "model": "down"}}],
+                "exp_alerts": [
+                    {"exp_labels": {"severity": "critical", "model": "down"}},
+                    {"exp_labels": {"severity": "critical", "model": "batch-down"}},
+                ],
+            },
+        ],
+    },
+    # Batch requests wait and none runs: "starved" (the interactive lane takes every worker).
+    # "draining" has one batch micro-batch running at times; "idle" has nothing waiting.
+    {
+        "interval": "1m",
+        "input_series": [
+            *_backlog("starved", "interactive", "50x60", "16x60"),
+            *_backlog("starved", "batch", "1000x60", "0x60"),
+            *_backlog("draining", "interactive", "0x60", "0x60"),
+            *_backlog("draining", "batch", "5000-50x60", "0 8 0 0 8 0 0 0 8 " * 6 + "0"),
+            *_backlog("idle", "interactive", "0x60", "0x60"),
+            *_backlog("idle", "batch", "0x60", "0x60"),
+        ],
+        "alert_rule_test": [
+            {"eval_time": "25m", "alertname": "FleetBatchLaneStalled", "exp_alerts": []},
+            {
+                "eval_time": "40m",
+                "alertname": "FleetBatchLaneStalled",
+                "exp_alerts": [{"exp_labels": {"severity": "warning", "model": "starved"}}],
             },
         ],
     },
@@ -488,7 +541,7 @@ def _scrape_jobs() -> dict[str, dict]:
     }
 
 
-@pytest.mark.parametrize("app", ["gateway", "worker", "flower"])
+@pytest.mark.parametrize("app", ["gateway", "worker", "webhooks", "flower"])
 def test_kubernetes_jobs_discover_the_pods_by_their_name_label(app):
     job = _scrape_jobs()[app]
     assert job["kubernetes_sd_configs"] == [{"role": "pod", "namespaces": {"names": [NAMESPACE]}}]
@@ -520,6 +573,7 @@ def test_local_jobs_scrape_make_up_on_its_default_ports():
     assert targets == {
         "local-gateway": ["127.0.0.1:8000"],
         "local-worker": ["127.0.0.1:9400"],
+        "local-webhooks": ["127.0.0.1:9401"],
         "local-flower": ["127.0.0.1:5555"],
     }
 

@@ -19,10 +19,10 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from email.utils import format_datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -34,6 +34,7 @@ from fleet import commands
 from fleet.processes import Process, free_port, wait_until
 from shared.jobs import Keys
 from shared.settings import Settings
+from tests.webhook_receiver import Received, Receiver, handler
 from webhooks import (
     UnresolvableURLError,
     UnsafeURLError,
@@ -50,76 +51,6 @@ from webhooks.store import DeliveryStore, State
 
 SCHEDULE = "0.5,0.5,0.5"
 TIMEOUT_S = 1.0
-
-
-# --- the receiver ------------------------------------------------------------------------
-
-
-@dataclass
-class Received:
-    at: float
-    headers: dict[str, str]
-    body: bytes
-
-
-@dataclass
-class Receiver:
-    """Answers POST /{path} with the next scripted (status, headers, delay); 200 after."""
-
-    port: int
-    scripts: dict[str, list[tuple[int, dict[str, str], float]]] = field(default_factory=dict)
-    received: dict[str, list[Received]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def script(self, path: str, *steps: int | tuple[int, dict[str, str], float]) -> str:
-        self.scripts[path] = [s if isinstance(s, tuple) else (s, {}, 0.0) for s in steps]
-        return self.url(path)
-
-    def requests(self, path: str) -> list[Received]:
-        with self.lock:
-            return list(self.received.get(path, []))
-
-
-def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            with receiver.lock:
-                receiver.received.setdefault(self.path, []).append(
-                    Received(time.time(), dict(self.headers.items()), body)
-                )
-                steps = receiver.scripts.get(self.path) or [(200, {}, 0.0)]
-                status, headers, delay = steps.pop(0) if len(steps) > 1 else steps[0]
-            time.sleep(delay)
-            try:
-                self.send_response(status)
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-            except OSError:
-                pass  # the sender timed out and went away
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return Handler
-
-
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    state = Receiver(server.server_address[1])
-    server.RequestHandlerClass = _handler(state)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield state
-    server.shutdown()
-    server.server_close()
 
 
 # --- the webhook workers -----------------------------------------------------------------
@@ -409,7 +340,7 @@ def tls_receiver(tmp_path) -> Iterator[tuple[int, Path]]:
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     state = Receiver(0)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler(state))
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
