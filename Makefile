@@ -16,6 +16,7 @@ test: install redis-server promtool demo-model
 
 bench: install redis-server demo-model
 	$(PY) -m bench
+	$(PY) -m bench.priority
 
 status: install
 	$(PY) -m fleet.status

@@ -77,7 +77,7 @@ def _env(redis_url: str, gateway_port: int, settings: dict[str, str]) -> dict[st
 def _answers(check: Callable[[], object]) -> bool:
     try:
         return bool(check())
-    except (redis.ConnectionError, requests.ConnectionError):
+    except (redis.ConnectionError, requests.RequestException):
         return False
 
 
@@ -145,7 +145,7 @@ class LevelResult:
         return asdict(self)
 
 
-def _percentile(values: list[float], pct: float) -> float:
+def percentile(values: list[float], pct: float) -> float:
     """Nearest-rank percentile: with few samples p99 is the slowest one, not an interpolation."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
@@ -215,8 +215,8 @@ def run_level(base_url: str, concurrency: int, jobs: int) -> LevelResult:
         wall_s=wall,
         jobs_per_s=len(samples) / wall,
         tokens_per_s=sum(s.tokens for s in samples) / wall,
-        p50_latency_s=_percentile(latencies, 50),
-        p99_latency_s=_percentile(latencies, 99),
+        p50_latency_s=percentile(latencies, 50),
+        p99_latency_s=percentile(latencies, 99),
         mean_batch_size=statistics.mean(s.batch_size for s in samples),
         mean_queue_s=statistics.mean(s.queue_s for s in samples),
         mean_inference_s=statistics.mean(s.inference_s for s in samples),

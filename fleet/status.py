@@ -13,7 +13,7 @@ import time
 
 import redis
 
-from shared.jobs import Keys
+from shared.jobs import LANES, Keys
 from shared.queue import JobQueue
 from shared.redis_client import connect
 from shared.settings import Settings, get_settings
@@ -47,15 +47,19 @@ def render(settings: Settings, queue: JobQueue, live: dict[str, dict], now: floa
             f"    {w['name']:<32} {w.get('device', '?'):<8} {state:<10} "
             f"batches {stats.get('batches', '-'):<6} tokens/s {tps}"
         )
-    backlog = queue.backlog(model)
-    oldest = queue.oldest_waiting_age(model)
-    lines.append(
-        f"  backlog: {backlog.undelivered} waiting, {backlog.pending} running, "
-        f"oldest waiting {oldest:.1f}s, dead letters {queue.dead_letter_count(model)}"
-    )
+    for lane in LANES:
+        backlog = queue.backlog(model, lane)
+        oldest = queue.oldest_waiting_age(model, lane)
+        lines.append(
+            f"  {lane} backlog: {backlog.undelivered} waiting, {backlog.pending} running, "
+            f"oldest waiting {oldest:.1f}s"
+        )
+    lines.append(f"  dead letters: {queue.dead_letter_count(model)}")
     recent = [(t, lat, s) for t, lat, s in queue.recent(model) if t > now - WINDOW_S]
     last_minute = [r for r in recent if r[0] > now - 60]
-    lines.append(f"  throughput: {len(last_minute) / 60:.2f} jobs/s over the last minute")
+    lines.append(
+        f"  throughput: {len(last_minute) / 60:.2f} interactive jobs/s over the last minute"
+    )
     if len(recent) >= 2:
         cuts = statistics.quantiles([lat for _, lat, _ in recent], n=100)
         lines.append(

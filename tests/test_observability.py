@@ -152,5 +152,5 @@ def test_fleet_status_prints_the_fleet_at_a_glance(fleet, redis_url):
     assert "model demo/qwen3.5-tiny-awq" in text and "1 ready" in text
     worker_line = next(line for line in text.splitlines() if fleet.worker in line)
     assert "cpu" in worker_line and ("idle" in worker_line or "busy" in worker_line)
-    assert "backlog: 0 waiting" in text
+    assert "interactive backlog: 0 waiting" in text and "batch backlog: 0 waiting" in text
     assert "jobs/s" in text and "p50" in text and "p95" in text
