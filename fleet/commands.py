@@ -69,3 +69,7 @@ def flower(settings: Settings) -> list[str]:
 
 def worker_name(index: int) -> str:
     return f"infer{index}@{socket.gethostname()}"
+
+
+def webhook_worker_name() -> str:
+    return f"webhooks@{socket.gethostname()}"

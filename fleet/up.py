@@ -1,22 +1,30 @@
 """``make up``: run the whole fleet in the foreground until Ctrl-C or SIGTERM.
 
-Starts, in order: Redis (embedded, AOF under DATA_DIR, unless REDIS_URL is set),
-MIN_WORKERS inference workers, the gateway under gunicorn, and Flower; then the
-autoscaler adds and drains workers with the queue's backlog. Crashed processes are
+Starts, in order: Redis (embedded, AOF under DATA_DIR, unless REDIS_URL is set), the
+webhook worker, MIN_WORKERS inference workers, the gateway under gunicorn, and Flower; then
+the autoscaler adds and drains workers with the queue's backlog. Crashed processes are
 restarted. On Ctrl-C or SIGTERM everything is stopped in reverse order; a second signal
 kills at once.
+
+Local webhook defaults, the same for every child (the gateway accepts a webhook URL only
+with a secret set, the webhook worker signs with it, receivers verify with it): without
+WEBHOOK_SECRET, one is generated for this run and printed; without WEBHOOK_ALLOW_PRIVATE,
+webhook URLs on loopback and private addresses are allowed, as local receivers usually are.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 
 import redis
 from prometheus_client import start_http_server
@@ -41,6 +49,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=str(commands.ROOT), REDIS_URL=settings.effective_redis_url)
     if not settings.model:
         env["HF_HUB_OFFLINE"] = "1"  # the demo model is local; never reach a hub
+    notes = webhook_defaults(settings, env)
     supervisor = Supervisor(env, cwd=str(commands.ROOT))
     logging.basicConfig(
         level=logging.INFO, format="%(message)s", handlers=[_SayHandler(supervisor)]
@@ -54,15 +63,17 @@ def main() -> int:
     try:
         check_ports_free(settings)
         start_redis(supervisor, settings)
+        start_webhook_worker(supervisor, settings)
         ensure_model(supervisor, settings, env)
         pool = WorkerPool(supervisor, settings)
+        warn_metrics_port_overlap(supervisor, settings, pool.max_workers)
         queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
         autoscaler = Autoscaler(settings, queue, pool)
         serve_autoscaler_metrics(supervisor, settings)
         pool.scale_to(autoscaler.policy.min_workers)
         supervisor.start(Service("gateway", commands.gateway(), 75))
         supervisor.start(Service("flower", commands.flower(settings)))
-        wait_ready(supervisor, settings, need_worker=autoscaler.policy.min_workers > 0)
+        wait_ready(supervisor, settings, autoscaler.policy.min_workers > 0, notes)
         supervisor.say(
             f"autoscaling {autoscaler.policy.min_workers}..{pool.max_workers} workers "
             f"({pool.gpus or 'no'} GPUs), {settings.target_backlog_per_worker} queued jobs each"
@@ -82,6 +93,25 @@ def main() -> int:
     return 0
 
 
+def webhook_defaults(settings: Settings, env: dict[str, str]) -> list[str]:
+    """Set make up's local webhook defaults in ``env`` (every child's); say what was set."""
+    notes = []
+    if settings.webhook_secret is None:
+        secret = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+        env["WEBHOOK_SECRET"] = secret
+        notes.append(
+            f"WEBHOOK_SECRET was not set; generated for this run: {secret}; "
+            "set it to keep it across restarts"
+        )
+    if not any(name.upper() == "WEBHOOK_ALLOW_PRIVATE" for name in os.environ):
+        env["WEBHOOK_ALLOW_PRIVATE"] = "1"
+        notes.append(
+            "webhook URLs on loopback/private addresses are allowed "
+            "(local default; set WEBHOOK_ALLOW_PRIVATE=0 to refuse)"
+        )
+    return notes
+
+
 def serve_autoscaler_metrics(supervisor: Supervisor, settings: Settings) -> None:
     if settings.autoscaler_metrics_port:
         try:
@@ -94,10 +124,24 @@ def check_ports_free(settings: Settings) -> None:
     ports = {"GATEWAY_PORT": settings.gateway_port, "FLOWER_PORT": settings.flower_port}
     if not settings.redis_url:
         ports["EMBEDDED_REDIS_PORT"] = settings.embedded_redis_port
+    if settings.webhook_metrics_port:
+        ports["WEBHOOK_METRICS_PORT"] = settings.webhook_metrics_port
     for name, port in ports.items():
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 raise StartupError(f"port {port} is in use; set {name} to a free port")
+
+
+def warn_metrics_port_overlap(supervisor: Supervisor, settings: Settings, workers: int) -> None:
+    """Local worker i serves /metrics on WORKER_METRICS_PORT + i: say so if the webhook
+    worker (started first, so it gets the port) takes one of those."""
+    base, port = settings.worker_metrics_port, settings.webhook_metrics_port
+    if base and port and base <= port < base + workers:
+        supervisor.say(
+            f"WEBHOOK_METRICS_PORT {port} is also the /metrics port of local worker "
+            f"{port - base} (WORKER_METRICS_PORT + {port - base}), which will have none; "
+            "set WEBHOOK_METRICS_PORT outside that range"
+        )
 
 
 def start_redis(supervisor: Supervisor, settings: Settings) -> None:
@@ -119,6 +163,13 @@ def start_redis(supervisor: Supervisor, settings: Settings) -> None:
         time.sleep(0.2)
 
 
+def start_webhook_worker(supervisor: Supervisor, settings: Settings) -> None:
+    """Before the gateway, so that the first job's webhooks find a worker to deliver them."""
+    argv = commands.webhook_worker(commands.webhook_worker_name())
+    # Warm shutdown lets an attempt in flight finish: at most WEBHOOK_TIMEOUT_S.
+    supervisor.start(Service("webhooks", argv, stop_timeout_s=settings.webhook_timeout_s + 15))
+
+
 def ensure_model(supervisor: Supervisor, settings: Settings, env: dict[str, str]) -> None:
     if settings.model or (demo_model.demo_model_dir() / "config.json").exists():
         return
@@ -134,7 +185,11 @@ def ensure_model(supervisor: Supervisor, settings: Settings, env: dict[str, str]
 
 
 def wait_ready(
-    supervisor: Supervisor, settings: Settings, need_worker: bool, timeout_s: float = 600
+    supervisor: Supervisor,
+    settings: Settings,
+    need_worker: bool,
+    notes: Sequence[str] = (),
+    timeout_s: float = 600,
 ) -> None:
     base = f"http://{_display_host(settings)}:{settings.gateway_port}"
     probe = f"{base}/readyz" if need_worker else f"{base}/healthz"  # MIN_WORKERS=0: none yet
@@ -150,15 +205,22 @@ def wait_ready(
     else:
         supervisor.say(f"not ready after {timeout_s}s; still trying (see the logs above)")
     flower = f"http://{_display_host(settings)}:{settings.flower_port}"
+    webhook_metrics = (
+        f", webhooks: http://127.0.0.1:{settings.webhook_metrics_port}/metrics"
+        if settings.webhook_metrics_port
+        else ""
+    )
     for line in (
         "fleet is up",
         f"  gateway   {base}   (API docs: {base}/docs/swagger, spec: {base}/openapi.json)",
         f"  flower    {flower}"
         + ("   (basic auth from FLOWER_BASIC_AUTH)" if settings.flower_basic_auth else ""),
         f"  metrics   {base}/metrics  (worker: "
-        f"http://127.0.0.1:{settings.worker_metrics_port}/metrics)",
+        f"http://127.0.0.1:{settings.worker_metrics_port}/metrics{webhook_metrics})",
         f"  redis     {settings.effective_redis_url}",
         f"  model     {settings.served_model}",
+        f"  webhooks  {commands.webhook_worker_name()}",
+        *(f"  webhooks  {note}" for note in notes),
         "  try:      curl -s -H 'Content-Type: application/json' -H 'Prefer: wait=30' "
         f'-d \'{{"prompt": "Hello"}}\' {base}/v1/jobs',
         "Ctrl-C stops everything.",

@@ -65,10 +65,12 @@ class JobWaiter:
     def _listen(self) -> None:
         while True:
             try:
-                pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(self.channel)
-                for message in pubsub.listen():
-                    self._wake(message["data"])
+                # Closed on the way out: a PubSub left to the garbage collector can deadlock
+                # the thread that collects it (redis-py #3081).
+                with self.redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    pubsub.subscribe(self.channel)
+                    for message in pubsub.listen():
+                        self._wake(message["data"])
             except redis.RedisError as exc:
                 log.warning("job-finished subscriber lost redis (%s); resubscribing", exc)
                 time.sleep(1)

@@ -162,7 +162,7 @@ class Settings(BaseSettings):
         15, gt=0, le=120, description="Whole-request timeout of one webhook attempt."
     )
     webhook_metrics_port: int = Field(
-        9401, ge=0, le=65535, description="Port of the webhook worker's /metrics (0: none)."
+        9450, ge=0, le=65535, description="Port of the webhook worker's /metrics (0: none)."
     )
 
     @field_validator("webhook_secret", mode="before")

@@ -236,7 +236,7 @@ def test_webhook_worker_runs_the_launchers_command_without_a_gpu():
     assert grace > settings.webhook_timeout_s
     # Its /metrics port, named for the PodMonitor, is the one the worker serves.
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports["metrics"] == settings.webhook_metrics_port == 9401
+    assert ports["metrics"] == settings.webhook_metrics_port == 9450
 
 
 def test_webhook_worker_probes_ping_its_own_celery_hostname():

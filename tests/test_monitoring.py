@@ -271,7 +271,7 @@ def test_service_monitor_selects_its_service_and_port(monitor, port):
     assert "namespaceSelector" not in spec  # its own namespace, wherever an overlay puts it
 
 
-@pytest.mark.parametrize(("monitor", "port"), [("worker", 9400), ("webhooks", 9401)])
+@pytest.mark.parametrize(("monitor", "port"), [("worker", 9400), ("webhooks", 9450)])
 def test_pod_monitor_selects_its_pods_and_their_metrics_port(monitor, port):
     spec = _objects("PodMonitor")[monitor]["spec"]
     deployment = _base("Deployment", monitor)
@@ -573,7 +573,7 @@ def test_local_jobs_scrape_make_up_on_its_default_ports():
     assert targets == {
         "local-gateway": ["127.0.0.1:8000"],
         "local-worker": ["127.0.0.1:9400"],
-        "local-webhooks": ["127.0.0.1:9401"],
+        "local-webhooks": ["127.0.0.1:9450"],
         "local-flower": ["127.0.0.1:5555"],
     }
 
