@@ -45,6 +45,7 @@ class EventDispatcher:
         self.jobs = JobQueue(client, keys, settings.result_ttl_s)
         self.batches = BatchQueue(self.jobs)
         self._stop = threading.Event()
+        self._next_claim = 0.0
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -116,7 +117,7 @@ class EventDispatcher:
 
     def _claim_abandoned(self) -> list[tuple[str, dict[str, str]]]:
         now = time.monotonic()
-        if now < getattr(self, "_next_claim", 0.0):
+        if now < self._next_claim:  # look a few times per CLAIM_IDLE_MS, not every read
             return []
         self._next_claim = now + CLAIM_IDLE_MS / 4000
         reply = self.redis.xautoclaim(
