@@ -17,10 +17,10 @@ from shared.batches import Batch, BatchOptions, BatchRequest, batch_from_record,
 from shared.jobs import JobInput, JobStatus, Lane, new_job_id, new_record, webhook_fields
 from shared.queue import (
     IDEMPOTENCY_TTL_S,
-    IdempotencyConflict,
     IdempotentJobExpired,
     JobQueue,
     pairs,
+    replayed_id,
 )
 
 WRITE_CHUNK = 1000  # job records per pipeline round trip while a batch is written
@@ -118,10 +118,8 @@ class BatchQueue:
             return self._replay(value[0], fingerprint)
         return SubmittedBatch(batch_from_record(record), replayed=False)
 
-    def _replay(self, prior: str, fingerprint: str) -> SubmittedBatch:
-        prior_id, _, prior_fingerprint = prior.partition(" ")
-        if prior_fingerprint != fingerprint:
-            raise IdempotencyConflict(prior_id)
+    def _replay(self, stored: str, fingerprint: str) -> SubmittedBatch:
+        prior_id = replayed_id(stored, fingerprint)
         batch = self.get(prior_id)
         if batch is None:
             raise IdempotentJobExpired(prior_id)

@@ -224,9 +224,7 @@ class JobQueue:
         )
         if outcome == "created":
             return Submitted(job_from_record(record), replayed=False)
-        prior_id, _, prior_fingerprint = value.partition(" ")
-        if prior_fingerprint != fingerprint:
-            raise IdempotencyConflict(prior_id)
+        prior_id = replayed_id(value, fingerprint)
         prior = self.get(prior_id)
         if prior is None:
             raise IdempotentJobExpired(prior_id)
@@ -460,6 +458,15 @@ class JobQueue:
 def pairs(mapping: dict[str, str]) -> list[str]:
     """A mapping as the flat field, value, ... list that HSET takes in a script."""
     return [item for pair in mapping.items() for item in pair]
+
+
+def replayed_id(stored: str, fingerprint: str) -> str:
+    """The id an Idempotency-Key was stored with ("id fingerprint"); IdempotencyConflict if
+    that request's body differed from this one."""
+    prior_id, _, prior_fingerprint = stored.partition(" ")
+    if prior_fingerprint != fingerprint:
+        raise IdempotencyConflict(prior_id)
+    return prior_id
 
 
 def _by_lane(entries: list[Entry]) -> dict[Lane, list[str]]:
