@@ -641,8 +641,14 @@ def test_scaled_object_scales_up_at_once_and_down_slowly():
 def test_keda_and_the_controller_scale_by_the_same_numbers():
     spec = _scaled_object()["spec"]
     env = _controller_env()
-    for trigger in _triggers().values():
+    for lane, trigger in _triggers().items():
         assert int(trigger["metadata"]["lagCount"]) == int(env["TARGET_BACKLOG_PER_WORKER"])
+        assert trigger["name"] == lane.value
+    # Both lanes' lags are added up, as the controller adds up both backlogs.
+    modifiers = spec["advanced"]["scalingModifiers"]
+    assert modifiers["formula"] == "interactive + batch"
+    assert int(modifiers["target"]) == int(env["TARGET_BACKLOG_PER_WORKER"])
+    assert modifiers["metricType"] == "AverageValue"
     meta = _triggers()[Lane.INTERACTIVE]["metadata"]
     assert spec["minReplicaCount"] == int(env["MIN_WORKERS"])
     assert spec["maxReplicaCount"] == int(env["MAX_WORKERS"])
