@@ -211,12 +211,35 @@ redis.call('XDEL', KEYS[2], ARGV[2])
 return 1
 """
 
-# Put a dead letter's job back in its model's queue, as new.
+# Put a dead letter's job back in its model's queue, as new. A request of a batch is
+# taken out of its batch's counts and results again, and a completed batch is reopened
+# (it completes, and says so, once more when the request ends).
 # KEYS: dead, stream, job. ARGV: dead entry id, job id.
 # Returns the new entry id, or '' if the job's record is gone (the letter is removed).
-REQUEUE = """
+REQUEUE = f"""
+{_PRELUDE}
+local function reopen(batch, results, status, id)
+  if redis.call('EXISTS', batch) == 0 then return end
+  redis.call('HINCRBY', batch, batch_counter[status], -1)
+  local mark = '"job_id":"' .. id .. '"'
+  for _, line in ipairs(redis.call('LRANGE', results, 0, -1)) do
+    if string.find(line, mark, 1, true) then
+      redis.call('LREM', results, 1, line)
+      break
+    end
+  end
+  if redis.call('HGET', batch, 'status') == 'completed' then
+    redis.call('HSET', batch, 'status', 'in_progress')
+    redis.call('HDEL', batch, 'completed_at')
+    redis.call('PERSIST', batch)
+    redis.call('PERSIST', results)
+    redis.call('PERSIST', redis.call('HGET', batch, 'jobs_key'))
+  end
+end
 local entry = ''
 if redis.call('EXISTS', KEYS[3]) == 1 then
+  local r = redis.call('HMGET', KEYS[3], 'status', 'batch_key', 'results_key')
+  if r[2] and terminal[r[1]] then reopen(r[2], r[3], r[1], ARGV[2]) end
   entry = redis.call('XADD', KEYS[2], '*', 'job', ARGV[2])
   redis.call('HDEL', KEYS[3], 'started_at', 'completed_at', 'error', 'output', 'worker',
              'cancel_requested', 'inference_seconds', 'batch_size')

@@ -20,7 +20,16 @@ from fleet import commands
 from fleet.processes import Process, free_port, wait_until
 from shared.batch_queue import BatchQueue
 from shared.batches import BatchOptions, BatchRequest
-from shared.jobs import JobInput, Keys, Lane, webhook_fields
+from shared.jobs import (
+    JobInput,
+    JobStatus,
+    Keys,
+    Lane,
+    Output,
+    Usage,
+    terminal_fields,
+    webhook_fields,
+)
 from shared.queue import JobQueue
 from shared.settings import Settings
 from tests.conftest import Fleet, fleet_env, start_fleet
@@ -419,3 +428,39 @@ def test_an_event_processed_twice_makes_one_delivery(redis_url):
     payload = json.loads(client.hget(jobs.keys.webhook(owned[0]), "payload"))
     assert payload["type"] == "job.canceled" and payload["data"]["status"] == "canceled"
     assert client.xlen(jobs.keys.events()) == 0
+
+
+def test_a_requeued_dead_letter_of_a_batch_is_counted_once(redis_url):
+    """Dead-lettered (failed), then re-queued by an operator and run: the batch counts the
+    request once, keeps one result line for it, and completes again."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    jobs = JobQueue(client, Keys(f"dl-{uuid.uuid4().hex[:6]}"), 60)
+    batches = BatchQueue(jobs)
+    batch = batches.create("m", [BatchRequest(custom_id="only", prompt="p")], BatchOptions())
+    [entry] = jobs.read_next("m", "w", 1, None)
+    jobs.dead_letter("m", entry, deliveries=4)
+    failed = batches.get(batch.batch.id)
+    assert failed.status == "completed" and failed.request_counts.failed == 1
+    [letter] = jobs.dead_letters("m")
+    assert jobs.requeue_dead_letter("m", letter["id"])
+    reopened = batches.get(batch.batch.id)
+    assert reopened.status == "in_progress" and reopened.request_counts.failed == 0
+    assert list(batches.results(batch.batch.id)) == []
+    [again] = jobs.read_next("m", "w", 1, None)
+    assert again.lane == Lane.BATCH
+    [started], _ = jobs.start("m", [again], "w")
+    assert started.entry == again
+    output = Output(
+        text="ok", finish_reason="length", usage=Usage(prompt_tokens=1, completion_tokens=1)
+    )
+    jobs.finish("m", [(again, terminal_fields(status=JobStatus.SUCCEEDED, output=output))])
+    done = batches.get(batch.batch.id)
+    assert done.status == "completed"
+    assert done.request_counts.model_dump() == {
+        "total": 1,
+        "completed": 1,
+        "failed": 0,
+        "cancelled": 0,
+    }
+    [line] = [json.loads(x) for x in batches.results(batch.batch.id)]
+    assert line["custom_id"] == "only" and line["status"] == "succeeded"
