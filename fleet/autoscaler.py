@@ -62,9 +62,8 @@ class Autoscaler:
             return
         self._next = time.monotonic() + self.interval_s
         try:
-            load = Load(
-                self.queue.backlog(self.model).total, self.queue.oldest_waiting_age(self.model)
-            )
+            depth = self.queue.backlog(self.model)
+            load = Load(depth.total, depth.oldest_age_s)
         except redis.RedisError as exc:
             log.warning("autoscaler: no backlog reading (%s); keeping the workers", exc)
             return

@@ -49,10 +49,9 @@ def render(settings: Settings, queue: JobQueue, live: dict[str, dict], now: floa
         )
     for lane in LANES:
         backlog = queue.backlog(model, lane)
-        oldest = queue.oldest_waiting_age(model, lane)
         lines.append(
             f"  {lane} backlog: {backlog.undelivered} waiting, {backlog.pending} running, "
-            f"oldest waiting {oldest:.1f}s"
+            f"oldest waiting {backlog.oldest_age_s:.1f}s"
         )
     lines.append(f"  dead letters: {queue.dead_letter_count(model)}")
     recent = [(t, lat, s) for t, lat, s in queue.recent(model) if t > now - WINDOW_S]

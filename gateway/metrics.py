@@ -133,7 +133,7 @@ class FleetCollector:
                 depth = queue.backlog(model, lane)
                 backlog.add_metric([model, lane, "undelivered"], depth.undelivered)
                 backlog.add_metric([model, lane, "pending"], depth.pending)
-                oldest.add_metric([model, lane], queue.oldest_waiting_age(model, lane))
+                oldest.add_metric([model, lane], depth.oldest_age_s)
             ready.add_metric([model], queue.ready_workers(model, max_age))
             dead.add_metric([model], queue.dead_letter_count(model))
         yield from (

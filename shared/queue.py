@@ -14,6 +14,7 @@ Every such re-delivery counts; past MAX_DELIVERIES the entry is dead-lettered.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import time
@@ -78,6 +79,7 @@ class Backlog:
     undelivered: int
     pending: int
     entries_read: int = 0  # ever delivered to the group: its growth is the drain rate
+    oldest_age_s: float = 0.0  # since the oldest unread entry was queued
 
     @property
     def total(self) -> int:
@@ -140,38 +142,34 @@ class JobQueue:
         )  # fmt: skip
 
     def backlog(self, model: str, lane: Lane | None = None) -> Backlog:
-        """Entries not done in one lane, or in both (what the workers have to get through)."""
+        """Entries not done in one lane, or in both (what the workers have to get through),
+        and the age of the oldest unread one: one XINFO per lane, and an XRANGE only when
+        something is unread."""
         if lane is None:
             parts = [self.backlog(model, one) for one in LANES]
             return Backlog(
                 sum(p.undelivered for p in parts),
                 sum(p.pending for p in parts),
                 sum(p.entries_read for p in parts),
+                max(p.oldest_age_s for p in parts),
             )
-        try:
-            groups = self.redis.xinfo_groups(self.keys.stream(model, lane))
-        except redis.ResponseError:  # no such stream yet
-            return Backlog(0, 0)
-        for group in groups:
-            if group["name"] == CONSUMER_GROUP:
-                return Backlog(
-                    int(group.get("lag") or 0),
-                    int(group["pending"]),
-                    int(group.get("entries-read") or 0),
-                )
-        return Backlog(0, 0)
-
-    def oldest_waiting_age(self, model: str, lane: Lane | None = None) -> float:
-        """Seconds since the oldest job no worker has read yet was queued (0 if none)."""
-        if lane is None:
-            return max(self.oldest_waiting_age(model, one) for one in LANES)
         stream = self.keys.stream(model, lane)
         try:
             groups = {g["name"]: g for g in self.redis.xinfo_groups(stream)}
-        except redis.ResponseError:
-            return 0.0
+        except redis.ResponseError:  # no such stream yet
+            return Backlog(0, 0)
         group = groups.get(CONSUMER_GROUP)
-        start = f"({group['last-delivered-id']}" if group else "-"
+        if group is None:
+            return Backlog(0, 0, oldest_age_s=self._oldest_after(stream, "-"))
+        lag = group.get("lag")  # None when Redis cannot tell: then look
+        depth = Backlog(int(lag or 0), int(group["pending"]), int(group.get("entries-read") or 0))
+        if lag == 0:
+            return depth
+        oldest = self._oldest_after(stream, f"({group['last-delivered-id']}")
+        return dataclasses.replace(depth, oldest_age_s=oldest)
+
+    def _oldest_after(self, stream: str, start: str) -> float:
+        """Seconds since the first entry after ``start`` was added (0 if none)."""
         first = self.redis.xrange(stream, start, "+", count=1)
         if not first:
             return 0.0
