@@ -17,6 +17,10 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEMO_MODEL_ID = "demo/qwen3.5-tiny-awq"
+_MAKE_SECRET = (
+    "make one with: python3 -c 'import base64, os; "
+    'print("whsec_" + base64.b64encode(os.urandom(32)).decode())\'; empty: no webhooks'
+)
 
 
 def _default_cache_dir() -> Path:
@@ -27,7 +31,10 @@ def _default_cache_dir() -> Path:
 class Settings(BaseSettings):
     """Fleet settings. Each field is read from the environment variable of the same name."""
 
-    model_config = SettingsConfigDict(case_sensitive=False, frozen=True, protected_namespaces=())
+    # Inputs are left out of error messages: a mistyped WEBHOOK_SECRET must not reach the logs.
+    model_config = SettingsConfigDict(
+        case_sensitive=False, frozen=True, protected_namespaces=(), hide_input_in_errors=True
+    )
 
     # --- network -------------------------------------------------------------------------
     gateway_host: str = Field("127.0.0.1", description="Interface the gateway binds to.")
@@ -173,14 +180,16 @@ class Settings(BaseSettings):
         if value == "" or value is None:
             return None
         if not isinstance(value, str) or not value.startswith("whsec_"):
-            raise ValueError("WEBHOOK_SECRET must start with whsec_")
+            raise ValueError(f"WEBHOOK_SECRET must start with whsec_ ({_MAKE_SECRET})")
         encoded = value.removeprefix("whsec_")
         try:
             raw = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
         except (binascii.Error, ValueError):
-            raise ValueError("WEBHOOK_SECRET must be whsec_ followed by base64") from None
+            raise ValueError(
+                f"WEBHOOK_SECRET must be whsec_ followed by base64 ({_MAKE_SECRET})"
+            ) from None
         if not 24 <= len(raw) <= 64:
-            raise ValueError("WEBHOOK_SECRET must encode 24 to 64 bytes")
+            raise ValueError(f"WEBHOOK_SECRET must encode 24 to 64 bytes ({_MAKE_SECRET})")
         return value
 
     @field_validator("webhook_retry_schedule_s", mode="before")
