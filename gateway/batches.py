@@ -14,7 +14,13 @@ from spectree import Response
 
 from gateway.errors import APIError, describe_validation_error
 from gateway.extensions import fleet
-from gateway.inputs import check_webhook, idempotency_key, json_body, raw_body
+from gateway.inputs import (
+    check_webhook,
+    idempotency_errors,
+    idempotency_key,
+    json_body,
+    raw_body,
+)
 from gateway.openapi import DeliveryList, ErrorBody, api_spec
 from shared.batches import (
     BadRequestLine,
@@ -26,12 +32,13 @@ from shared.batches import (
     parse_jsonl,
 )
 from shared.jobs import Lane
-from shared.queue import IdempotencyConflict, IdempotentJobExpired, fingerprint
+from shared.queue import fingerprint
 from webhooks import deliveries_of
 
 bp = Blueprint("batches", __name__, url_prefix="/v1/batches")
 
 JSONL_TYPES = ("application/x-ndjson", "application/jsonl", "application/x-jsonlines")
+ACCEPTED = "application/json, or application/x-ndjson for JSONL"
 
 
 @bp.post("")
@@ -64,6 +71,7 @@ def create_batch():
     as on jobs.
     """
     key = idempotency_key()
+    request_fingerprint = ""
     settings = fleet.settings
     limits = {
         "max_requests": settings.batch_max_requests,
@@ -73,10 +81,12 @@ def create_batch():
         if request.mimetype in JSONL_TYPES:
             body = raw_body(settings.batch_max_bytes)
             options = _options_from_query()
-            identity = {"jsonl": body.decode("utf-8", "replace"), **options.model_dump()}
+            if key:  # what makes a retry the same request: only needed with a key
+                request_fingerprint = fingerprint({"jsonl": body.decode("utf-8", "replace"),
+                                        **options.model_dump()})  # fmt: skip
             requests = check_requests(parse_jsonl(body), jsonl=True, **limits)
         else:
-            raw = json_body(settings.batch_max_bytes)
+            raw = json_body(settings.batch_max_bytes, accepted=ACCEPTED)
             items = raw.pop("requests", None)
             if not isinstance(items, list):
                 raise APIError(
@@ -84,7 +94,8 @@ def create_batch():
                     param="requests",
                 )  # fmt: skip
             options = BatchOptions.model_validate(raw)
-            identity = {"requests": items, **raw}
+            if key:
+                request_fingerprint = fingerprint({"requests": items, **raw})
             requests = check_requests(enumerate(items), jsonl=False, **limits)
     except BadRequestLine as bad:
         located = {k: v for k, v in (("line", bad.line), ("index", bad.index)) if v is not None}
@@ -97,20 +108,10 @@ def create_batch():
         )  # fmt: skip
     check_webhook(options.webhook)
     _check_room(model, len(requests))
-    try:
+    with idempotency_errors("batch"):
         submitted = fleet.batches.create(
-            model, requests, options, idempotency_key=key, fingerprint=fingerprint(identity)
+            model, requests, options, idempotency_key=key, fingerprint=request_fingerprint
         )
-    except IdempotencyConflict as exc:
-        raise APIError(
-            422, "idempotency_key_reused",
-            f"Idempotency-Key was used for a different request (batch {exc})",
-        ) from None  # fmt: skip
-    except IdempotentJobExpired as exc:
-        raise APIError(
-            409, "idempotent_batch_expired",
-            f"Idempotency-Key names batch {exc}, which has expired; use a new key",
-        ) from None  # fmt: skip
     response = _batch_response(submitted.batch, 202)
     if submitted.replayed:
         response.headers["Idempotent-Replayed"] = "true"

@@ -7,23 +7,27 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from flask import request
 
 from gateway.errors import APIError
 from gateway.extensions import fleet
+from shared.queue import IdempotencyConflict, IdempotentResultExpired
 from webhooks import UnresolvableURLError, UnsafeURLError, check_url
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # visible ASCII, as Stripe's
 
 
-def json_body(max_bytes: int | None = None) -> dict:
-    """The body as a JSON object; 415 for another media type, 400 for bad JSON, 413 if big."""
+def json_body(max_bytes: int | None = None, accepted: str = "application/json") -> dict:
+    """The body as a JSON object; 415 for another media type (naming the ``accepted`` ones),
+    400 for bad JSON, 413 if big."""
     if request.mimetype != "application/json":
         raise APIError(
             415,
             "unsupported_media_type",
-            f"send the body as application/json (got '{request.mimetype or 'none'}')",
+            f"send the body as {accepted} (got '{request.mimetype or 'none'}')",
         )
     try:
         body = json.loads(raw_body(max_bytes), parse_constant=reject_constant)
@@ -54,6 +58,24 @@ def idempotency_key() -> str | None:
             400, "invalid_header", "Idempotency-Key must be 1-255 visible ASCII characters"
         )
     return key
+
+
+@contextmanager
+def idempotency_errors(kind: str) -> Iterator[None]:
+    """The 4xx for an Idempotency-Key reused with another body, or naming an expired
+    ``kind`` (job or batch)."""
+    try:
+        yield
+    except IdempotencyConflict as exc:
+        raise APIError(
+            422, "idempotency_key_reused",
+            f"Idempotency-Key was used for a different request ({kind} {exc}); use a new key",
+        ) from None  # fmt: skip
+    except IdempotentResultExpired as exc:
+        raise APIError(
+            409, f"idempotent_{kind}_expired",
+            f"Idempotency-Key names {kind} {exc}, which has expired; use a new key",
+        ) from None  # fmt: skip
 
 
 def check_webhook(url: str | None) -> None:

@@ -10,10 +10,10 @@ from spectree import Response
 from gateway.backpressure import QueueFull
 from gateway.errors import APIError
 from gateway.extensions import fleet
-from gateway.inputs import check_webhook, idempotency_key, json_body
+from gateway.inputs import check_webhook, idempotency_errors, idempotency_key, json_body
 from gateway.openapi import DeliveryList, ErrorBody, api_spec
 from shared.jobs import DEFAULT_JOB_EVENTS, Job, JobCreate, is_job_id, webhook_fields
-from shared.queue import IdempotencyConflict, IdempotentJobExpired, fingerprint
+from shared.queue import fingerprint
 from webhooks import deliveries_of
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
@@ -74,23 +74,13 @@ def create_job():
         ).response()  # fmt: skip
         error[0].headers["Retry-After"] = str(full.retry_after_s)
         return error
-    try:
-        events = body.webhook_events or DEFAULT_JOB_EVENTS
+    events = body.webhook_events or DEFAULT_JOB_EVENTS
+    with idempotency_errors("job"):
         submitted = fleet.queue.submit(
-            model, body.job_input(), body.metadata, timeout_s=body.timeout_s,
-            idempotency_key=key, fingerprint=fingerprint(raw),
+            model, body, body.metadata, timeout_s=body.timeout_s,
+            idempotency_key=key, fingerprint=fingerprint(raw) if key else "",
             extra=webhook_fields(fleet.keys, body.webhook, events),
         )  # fmt: skip
-    except IdempotencyConflict as exc:
-        raise APIError(
-            422, "idempotency_key_reused",
-            f"Idempotency-Key was used for a different request (job {exc})",
-        ) from None  # fmt: skip
-    except IdempotentJobExpired as exc:
-        raise APIError(
-            409, "idempotent_job_expired",
-            f"Idempotency-Key names job {exc}, whose result has expired; use a new key",
-        ) from None  # fmt: skip
     job = submitted.job
     if wait_s and not job.status.terminal:
         job = fleet.waiter.wait(job.id, wait_s, lambda: fleet.queue.get(job.id)) or job

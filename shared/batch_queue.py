@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from shared import scripts
 from shared.batches import Batch, BatchOptions, BatchRequest, batch_from_record, new_batch_id
-from shared.jobs import JobInput, JobStatus, Lane, new_job_id, new_record, webhook_fields
+from shared.jobs import JobStatus, Lane, new_job_id, new_record, webhook_fields
 from shared.queue import (
     IDEMPOTENCY_TTL_S,
-    IdempotentJobExpired,
+    IdempotentResultExpired,
     JobQueue,
     pairs,
     replayed_id,
@@ -76,11 +76,8 @@ class BatchQueue:
                 requests[start : start + WRITE_CHUNK],
                 strict=True,
             ):
-                job_input = JobInput.model_validate(
-                    request.model_dump(exclude={"custom_id"}, exclude_none=True)
-                )
                 extra = common | {"custom_id": request.custom_id}
-                record = new_record(job_id, model, job_input, {}, extra=extra, now=now)
+                record = new_record(job_id, model, request, {}, extra=extra, now=now)
                 pipe.hset(keys.job(job_id), mapping=record)
                 pipe.expire(keys.job(job_id), UNCOMMITTED_TTL_S)
             pipe.execute()
@@ -122,7 +119,7 @@ class BatchQueue:
         prior_id = replayed_id(stored, fingerprint)
         batch = self.get(prior_id)
         if batch is None:
-            raise IdempotentJobExpired(prior_id)
+            raise IdempotentResultExpired(prior_id)
         return SubmittedBatch(batch, replayed=True)
 
     def get(self, batch_id: str) -> Batch | None:

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -29,8 +29,7 @@ from shared.jobs import (
 )
 
 BatchEvent = Literal["batch.completed", "batch.cancelled"]
-DEFAULT_BATCH_EVENTS: tuple[str, ...] = ("batch.completed", "batch.cancelled")
-BATCH_EVENTS = frozenset(("batch.completed", "batch.cancelled"))
+BATCH_EVENTS: tuple[str, ...] = get_args(BatchEvent)  # all of them, the default too
 
 
 class BatchStatus(StrEnum):
@@ -85,7 +84,7 @@ class BatchOptions(_Strict):
         """(batch events, per-request job events) to send."""
         if self.webhook is None:
             return [], []
-        wanted = list(self.webhook_events or DEFAULT_BATCH_EVENTS)
+        wanted = list(self.webhook_events or BATCH_EVENTS)
         batch = [e for e in wanted if e in BATCH_EVENTS]
         return batch, [e for e in wanted if e not in BATCH_EVENTS]
 

@@ -249,14 +249,6 @@ class JobCreate(JobInput):
             raise ValueError("'webhook_events' needs a 'webhook' URL")
         return self
 
-    def job_input(self) -> JobInput:
-        return JobInput.model_validate(
-            self.model_dump(
-                exclude={"model", "metadata", "timeout_s", "webhook", "webhook_events"},
-                exclude_none=True,
-            )
-        )
-
 
 # --- response schema ---------------------------------------------------------------------
 
@@ -336,7 +328,9 @@ def new_record(
         "model": model,
         "status": JobStatus.QUEUED.value,
         "created_at": repr(now),
-        "input": job_input.model_dump_json(exclude_none=True),
+        # Only the JobInput fields, also when given a subclass (a batch line's custom_id is
+        # a field of the record, not of the input).
+        "input": job_input.model_dump_json(include=set(JobInput.model_fields), exclude_none=True),
         "metadata": json.dumps(metadata),
     }
     if timeout_s is not None:

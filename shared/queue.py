@@ -70,8 +70,8 @@ class IdempotencyConflict(Exception):
     """The Idempotency-Key was used before with a different request body."""
 
 
-class IdempotentJobExpired(Exception):
-    """The Idempotency-Key names a job whose record has expired."""
+class IdempotentResultExpired(Exception):
+    """The Idempotency-Key names a job or batch whose record has expired."""
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ class JobQueue:
         prior_id = replayed_id(value, fingerprint)
         prior = self.get(prior_id)
         if prior is None:
-            raise IdempotentJobExpired(prior_id)
+            raise IdempotentResultExpired(prior_id)
         return Submitted(prior, replayed=True)
 
     def end_queued(self, model: str, job_ids: list[str], status: JobStatus) -> None:

@@ -85,8 +85,6 @@ class EventDispatcher:
                         delivery_id=delivery_id_for(self.stream, entry_id),
                         owner=fields["id"], check_url=False,
                     )  # fmt: skip
-                except WebhookConfigError:
-                    raise
                 except ValueError as exc:  # too big, or not JSON: it can never be sent
                     log.error("event %s for %s not sent: %s", fields["type"], fields["id"], exc)
         pipe = self.redis.pipeline(transaction=True)
