@@ -91,5 +91,14 @@ def check_webhook(url: str | None) -> None:
         )  # fmt: skip
     try:
         check_url(url, settings.webhook_allow_private)
-    except (UnsafeURLError, UnresolvableURLError) as exc:
-        raise APIError(422, "invalid_webhook", f"'webhook': {exc}", param="webhook") from None
+    except UnresolvableURLError as exc:
+        raise APIError(
+            422, "invalid_webhook", f"'webhook': {exc}; check the host name", param="webhook"
+        ) from None
+    except UnsafeURLError as exc:
+        hint = "give a public http(s) URL"
+        if not settings.webhook_allow_private:
+            hint += " (loopback and private ones need WEBHOOK_ALLOW_PRIVATE=1 on the fleet)"
+        raise APIError(
+            422, "invalid_webhook", f"'webhook': {exc}; {hint}", param="webhook"
+        ) from None
