@@ -60,13 +60,12 @@ class BatchQueue:
             return self._replay(prior, fingerprint)
         self.jobs.ensure_group_once(model)
         batch_id, now = new_batch_id(), time.time()
-        batch_events, job_events = options.events()
         keys = self.keys
         common = {
             "batch": batch_id,
             "batch_key": keys.batch(batch_id),
             "results_key": keys.batch_results(batch_id),
-            **webhook_fields(keys, options.webhook, job_events),
+            **webhook_fields(keys, options.webhook, options.job_events()),
         }
         job_ids = [new_job_id() for _ in requests]
         for start in range(0, len(requests), WRITE_CHUNK):
@@ -93,13 +92,8 @@ class BatchQueue:
             "metadata": json.dumps(options.metadata),
             "jobs_key": keys.batch_jobs(batch_id),
         }
-        if options.webhook:
-            record |= {
-                "webhook": options.webhook,
-                "webhook_events": " ".join(batch_events),
-                "webhook_events_all": " ".join(batch_events + job_events),
-                "events_key": keys.events(),
-            }
+        # The scripts send batch.* events from this list; its job.* ones never match them.
+        record |= webhook_fields(keys, options.webhook, options.events())
         outcome, *value = self._commit(
             keys=[
                 keys.stream(model, Lane.BATCH),

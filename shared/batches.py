@@ -80,13 +80,13 @@ class BatchOptions(_Strict):
             raise ValueError("'webhook_events' needs a 'webhook' URL")
         return self
 
-    def events(self) -> tuple[list[str], list[str]]:
-        """(batch events, per-request job events) to send."""
-        if self.webhook is None:
-            return [], []
-        wanted = list(self.webhook_events or BATCH_EVENTS)
-        batch = [e for e in wanted if e in BATCH_EVENTS]
-        return batch, [e for e in wanted if e not in BATCH_EVENTS]
+    def events(self) -> list[str]:
+        """Every event to send: the batch's own and the per-request job.* ones."""
+        return list(self.webhook_events or BATCH_EVENTS) if self.webhook else []
+
+    def job_events(self) -> list[str]:
+        """The events each request of the batch sends about itself."""
+        return [e for e in self.events() if e not in BATCH_EVENTS]
 
 
 class BatchCreate(BatchOptions):
@@ -232,6 +232,6 @@ def batch_from_record(record: dict[str, str]) -> Batch:
         cancelled_at=ts("cancelled_at"),
         metadata=json.loads(record.get("metadata") or "{}"),
         webhook=record.get("webhook") or None,
-        webhook_events=record["webhook_events_all"].split() if record.get("webhook") else None,
+        webhook_events=record["webhook_events"].split() if record.get("webhook") else None,
         urls=urls,
     )
