@@ -11,7 +11,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from shared.jobs import JobInput
+from shared.protocol import JobInput
 
 MAX_NEW_TOKENS = 32
 WARM_UP_S = 5.0  # the first few seconds of generate run up to 30% slower on this machine

@@ -19,10 +19,8 @@ import requests
 from prometheus_client import Gauge, start_http_server
 
 from fleet.scaling import Load, Policy, decide
-from shared.jobs import Keys
-from shared.queue import JobQueue
-from shared.redis_client import connect
 from shared.settings import Settings, get_settings
+from shared.stats import QueueStats
 
 log = logging.getLogger("fleet.autoscaler")
 
@@ -42,9 +40,9 @@ class Scaler(Protocol):
 
 
 class Autoscaler:
-    def __init__(self, settings: Settings, queue: JobQueue, scaler: Scaler) -> None:
+    def __init__(self, settings: Settings, stats: QueueStats, scaler: Scaler) -> None:
         self.model = settings.served_model
-        self.queue = queue
+        self.stats = stats
         self.scaler = scaler
         self.policy = Policy(
             settings.target_backlog_per_worker,
@@ -62,7 +60,7 @@ class Autoscaler:
             return
         self._next = time.monotonic() + self.interval_s
         try:
-            depth = self.queue.backlog(self.model)
+            depth = self.stats.backlog(self.model)
             load = Load(depth.total, depth.oldest_age_s)
         except redis.RedisError as exc:
             log.warning("autoscaler: no backlog reading (%s); keeping the workers", exc)
@@ -123,8 +121,9 @@ def main() -> int:
         return 2
     if settings.autoscaler_metrics_port:
         start_http_server(settings.autoscaler_metrics_port)
-    queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
-    autoscaler = Autoscaler(settings, queue, DeploymentScaler(settings))
+    autoscaler = Autoscaler(
+        settings, QueueStats.from_settings(settings), DeploymentScaler(settings)
+    )
     while True:
         try:
             autoscaler.tick()

@@ -15,9 +15,7 @@ import json
 import sys
 from datetime import UTC, datetime
 
-from shared.jobs import Keys
-from shared.queue import JobQueue
-from shared.redis_client import connect
+from shared.dead_letters import DeadLetters
 from shared.settings import get_settings
 
 
@@ -36,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     requeue.add_argument("--all", action="store_true")
     args = parser.parse_args(argv)
 
-    queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
-    letters = queue.dead_letters(args.model)
+    dead = DeadLetters.from_settings(settings)
+    letters = dead.list(args.model)
     if args.command == "list":
         for letter in letters:
             at = datetime.fromtimestamp(float(letter["at"]), UTC).isoformat()
@@ -49,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for letter_id in ids:
         try:
-            entry = queue.requeue_dead_letter(args.model, letter_id)
+            entry = dead.requeue(args.model, letter_id)
         except KeyError:
             print(f"{letter_id}: no such dead letter", file=sys.stderr)
             status = 1

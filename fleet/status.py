@@ -13,10 +13,11 @@ import time
 
 import redis
 
-from shared.jobs import LANES, Keys
-from shared.queue import JobQueue
 from shared.redis_client import connect
+from shared.registry import WorkerRegistry
 from shared.settings import Settings, get_settings
+from shared.states import LANES
+from shared.stats import QueueStats
 
 WINDOW_S = 300
 
@@ -32,29 +33,35 @@ def worker_stats(settings: Settings) -> dict[str, dict]:
     return {name: reply.get("fleet", {}) for name, reply in replies.items()}
 
 
-def render(settings: Settings, queue: JobQueue, live: dict[str, dict], now: float) -> str:
+def render(
+    settings: Settings,
+    stats: QueueStats,
+    registry: WorkerRegistry,
+    live: dict[str, dict],
+    now: float,
+) -> str:
     lines = []
-    max_age = 3 * settings.worker_heartbeat_s
+    max_age = settings.worker_max_age_s
     model = settings.served_model
-    workers = queue.workers(model, max_age)
+    workers = registry.workers(model, max_age)
     lines.append(f"model {model}")
     lines.append(f"  workers: {len(workers)} ready")
     for w in workers:
-        stats = live.get(w["name"], {})
-        state = stats.get("state", "no answer")
-        tps = stats.get("recent_tokens_per_second", "-")
+        info = live.get(w["name"], {})
+        state = info.get("state", "no answer")
+        tps = info.get("recent_tokens_per_second", "-")
         lines.append(
             f"    {w['name']:<32} {w.get('device', '?'):<8} {state:<10} "
-            f"batches {stats.get('batches', '-'):<6} tokens/s {tps}"
+            f"micro-batches {info.get('batches', '-'):<6} tokens/s {tps}"
         )
     for lane in LANES:
-        backlog = queue.backlog(model, lane)
+        backlog = stats.backlog(model, lane)
         lines.append(
             f"  {lane} backlog: {backlog.undelivered} waiting, {backlog.pending} running, "
             f"oldest waiting {backlog.oldest_age_s:.1f}s"
         )
-    lines.append(f"  dead letters: {queue.dead_letter_count(model)}")
-    recent = [(t, lat, s) for t, lat, s in queue.recent(model) if t > now - WINDOW_S]
+    lines.append(f"  dead letters: {stats.dead_letter_count(model)}")
+    recent = [(t, lat, s) for t, lat, s in stats.recent(model) if t > now - WINDOW_S]
     last_minute = [r for r in recent if r[0] > now - 60]
     lines.append(
         f"  throughput: {len(last_minute) / 60:.2f} interactive jobs/s over the last minute"
@@ -72,9 +79,11 @@ def render(settings: Settings, queue: JobQueue, live: dict[str, dict], now: floa
 
 def main() -> int:
     settings = get_settings()
-    queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
+    client = connect(settings)
+    stats = QueueStats.from_settings(settings, client)
+    registry = WorkerRegistry.from_settings(settings, client)
     try:
-        print(render(settings, queue, worker_stats(settings), time.time()))
+        print(render(settings, stats, registry, worker_stats(settings), time.time()))
     except redis.RedisError as exc:
         print(f"cannot read the fleet at {settings.effective_redis_url}: {exc}", file=sys.stderr)
         return 1

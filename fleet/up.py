@@ -33,10 +33,8 @@ from fleet import commands
 from fleet.autoscaler import Autoscaler
 from fleet.supervisor import Service, Supervisor
 from fleet.worker_pool import WorkerPool
-from shared.jobs import Keys
-from shared.queue import JobQueue
-from shared.redis_client import connect
 from shared.settings import Settings, get_settings
+from shared.stats import QueueStats
 from workers import demo_model
 
 
@@ -67,8 +65,7 @@ def main() -> int:
         ensure_model(supervisor, settings, env)
         pool = WorkerPool(supervisor, settings)
         warn_metrics_port_overlap(supervisor, settings, pool.max_workers)
-        queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
-        autoscaler = Autoscaler(settings, queue, pool)
+        autoscaler = Autoscaler(settings, QueueStats.from_settings(settings), pool)
         serve_autoscaler_metrics(supervisor, settings)
         pool.scale_to(autoscaler.policy.min_workers)
         supervisor.start(Service("gateway", commands.gateway(), 75))

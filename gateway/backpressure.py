@@ -14,8 +14,8 @@ import threading
 import time
 from collections import deque
 
-from shared.jobs import Lane
-from shared.queue import JobQueue
+from shared.states import Lane
+from shared.stats import QueueStats
 
 WINDOW_S = 60.0
 FRESH_S = 0.5
@@ -30,8 +30,8 @@ class QueueFull(Exception):
 
 
 class Backpressure:
-    def __init__(self, queue: JobQueue, max_depth: int) -> None:
-        self.queue = queue
+    def __init__(self, stats: QueueStats, max_depth: int) -> None:
+        self.stats = stats
         self.max_depth = max_depth
         self._samples: dict[str, deque[tuple[float, int]]] = {}
         # model -> [when read, backlog then, submits checked since]
@@ -48,7 +48,7 @@ class Backpressure:
         ):
             last[2] += 1
             return
-        backlog = self.queue.backlog(model, Lane.INTERACTIVE)
+        backlog = self.stats.backlog(model, Lane.INTERACTIVE)
         self._last[model] = [time.monotonic(), backlog.total, 1]
         rate = self._drain_rate(model, backlog.entries_read)
         if backlog.total < self.max_depth:

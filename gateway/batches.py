@@ -12,28 +12,13 @@ from flask import Response as FlaskResponse
 from pydantic import ValidationError
 from spectree import Response
 
+from gateway import batch_serving
 from gateway.errors import APIError, describe_validation_error
 from gateway.extensions import fleet
-from gateway.inputs import (
-    check_webhook,
-    idempotency_errors,
-    idempotency_key,
-    json_body,
-    raw_body,
-)
+from gateway.inputs import idempotency_key, json_body, raw_body
 from gateway.openapi import DeliveryList, ErrorBody, api_spec
-from shared.batches import (
-    BadRequestLine,
-    Batch,
-    BatchCreate,
-    BatchOptions,
-    check_requests,
-    is_batch_id,
-    parse_jsonl,
-)
-from shared.jobs import Lane
-from shared.queue import fingerprint
-from webhooks import deliveries_of
+from shared.idempotency import fingerprint
+from shared.protocol import Batch, BatchCreate, BatchOptions
 
 bp = Blueprint("batches", __name__, url_prefix="/v1/batches")
 
@@ -71,47 +56,28 @@ def create_batch():
     as on jobs.
     """
     key = idempotency_key()
-    request_fingerprint = ""
-    settings = fleet.settings
-    limits = {
-        "max_requests": settings.batch_max_requests,
-        "max_new_tokens_limit": settings.max_new_tokens_limit,
-    }
-    try:
-        if request.mimetype in JSONL_TYPES:
-            body = raw_body(settings.batch_max_bytes)
-            options = _options_from_query()
-            if key:  # what makes a retry the same request: only needed with a key
-                request_fingerprint = fingerprint({"jsonl": body.decode("utf-8", "replace"),
-                                        **options.model_dump()})  # fmt: skip
-            requests = check_requests(parse_jsonl(body), jsonl=True, **limits)
-        else:
-            raw = json_body(settings.batch_max_bytes, accepted=ACCEPTED)
-            items = raw.pop("requests", None)
-            if not isinstance(items, list):
-                raise APIError(
-                    422, "invalid_request", "'requests': a list of requests is required",
-                    param="requests",
-                )  # fmt: skip
-            options = BatchOptions.model_validate(raw)
-            if key:
-                request_fingerprint = fingerprint({"requests": items, **raw})
-            requests = check_requests(enumerate(items), jsonl=False, **limits)
-    except BadRequestLine as bad:
-        located = {k: v for k, v in (("line", bad.line), ("index", bad.index)) if v is not None}
-        raise APIError(422, "invalid_request", str(bad), param=bad.param, **located) from None
-    model = options.model or settings.served_model
-    if model not in fleet.served_models():
-        raise APIError(
-            422, "model_not_found", f"model '{model}' is not served here; see GET /v1/models",
-            param="model",
-        )  # fmt: skip
-    check_webhook(options.webhook)
-    _check_room(model, len(requests))
-    with idempotency_errors("batch"):
-        submitted = fleet.batches.create(
-            model, requests, options, idempotency_key=key, fingerprint=request_fingerprint
-        )
+    request_fingerprint = ""  # what makes a retry the same request: only needed with a key
+    if request.mimetype in JSONL_TYPES:
+        body = raw_body(fleet.settings.batch_max_bytes)
+        options = _options_from_query()
+        if key:
+            request_fingerprint = fingerprint(
+                {"jsonl": body.decode("utf-8", "replace"), **options.model_dump()}
+            )
+        requests = batch_serving.requests_from_jsonl(body)
+    else:
+        raw = json_body(fleet.settings.batch_max_bytes, accepted=ACCEPTED)
+        items = raw.pop("requests", None)
+        if not isinstance(items, list):
+            raise APIError(
+                422, "invalid_request", "'requests': a list of requests is required",
+                param="requests",
+            )  # fmt: skip
+        options = BatchOptions.model_validate(raw)
+        if key:
+            request_fingerprint = fingerprint({"requests": items, **raw})
+        requests = batch_serving.requests_from_list(items)
+    submitted = batch_serving.create(requests, options, key, request_fingerprint)
     response = _batch_response(submitted.batch, 202)
     if submitted.replayed:
         response.headers["Idempotent-Replayed"] = "true"
@@ -124,7 +90,7 @@ def create_batch():
 )
 def get_batch(batch_id: str):
     """Read a batch: its status and request counts. Kept RESULT_TTL_S after it ends."""
-    return jsonify(_batch_or_404(batch_id).model_dump(mode="json"))
+    return jsonify(batch_serving.find(batch_id).model_dump(mode="json"))
 
 
 @bp.get("/<batch_id>/results")
@@ -133,8 +99,8 @@ def batch_results(batch_id: str):
     """The batch's results as JSONL, one `{custom_id, job_id, status, output, error}` per
     line, in the order the requests ended: those ended so far, all of them once the batch
     is `completed` (the `Batch-Status` header says which)."""
-    batch = _batch_or_404(batch_id)
-    lines = fleet.batches.results(batch_id)
+    batch = batch_serving.find(batch_id)
+    lines = batch_serving.results(batch)
     response = FlaskResponse((line + "\n" for line in lines), mimetype="application/x-ndjson")
     response.headers["Batch-Status"] = batch.status.value
     return response
@@ -149,11 +115,7 @@ def batch_results(batch_id: str):
 def cancel_batch(batch_id: str):
     """Cancel a batch: requests not started end `canceled` at once, running ones finish.
     The batch is `cancelling` until then, and `cancelled` after. An ended batch is a 409."""
-    before = _batch_or_404(batch_id)
-    if before.status.ended:
-        raise APIError(409, "batch_already_ended", f"batch {batch_id} is already {before.status}")
-    batch = fleet.batches.cancel(batch_id) or before
-    return _batch_response(batch, 200)
+    return _batch_response(batch_serving.cancel(batch_id), 200)
 
 
 @bp.get("/<batch_id>/webhook_deliveries")
@@ -163,8 +125,7 @@ def cancel_batch(batch_id: str):
 )  # fmt: skip
 def batch_webhook_deliveries(batch_id: str):
     """The webhooks sent about the batch itself (batch.* events), each with its attempts."""
-    _batch_or_404(batch_id)
-    return jsonify(object="list", data=deliveries_of(batch_id, fleet.settings))
+    return jsonify(object="list", data=batch_serving.webhook_deliveries(batch_id))
 
 
 def _options_from_query() -> BatchOptions:
@@ -194,25 +155,6 @@ def _options_from_query() -> BatchOptions:
 
 def _is_metadata(name: str) -> bool:
     return name.startswith("metadata[") and name.endswith("]") and len(name) > 10
-
-
-def _check_room(model: str, count: int) -> None:
-    backlog = fleet.queue.backlog(model, Lane.BATCH).total
-    limit = fleet.settings.batch_max_queue_depth
-    if backlog + count > limit:
-        raise APIError(
-            429, "queue_full",
-            f"model '{model}' has {backlog} batch requests queued; {count} more would pass "
-            f"BATCH_MAX_QUEUE_DEPTH {limit}; retry later",
-            headers={"Retry-After": "60"},
-        )  # fmt: skip
-
-
-def _batch_or_404(batch_id: str) -> Batch:
-    batch = fleet.batches.get(batch_id) if is_batch_id(batch_id) else None
-    if batch is None:
-        raise APIError(404, "batch_not_found", f"no batch '{batch_id}' (unknown, or it expired)")
-    return batch
 
 
 def _batch_response(batch: Batch, status: int):

@@ -1,4 +1,4 @@
-"""The gateway's per-app connections, reached from views as ``fleet``."""
+"""The gateway's per-app connections, reached from views and the serving layer as ``fleet``."""
 
 from __future__ import annotations
 
@@ -7,24 +7,28 @@ from werkzeug.local import LocalProxy
 
 from gateway.backpressure import Backpressure
 from gateway.waiting import JobWaiter
-from shared.batch_queue import BatchQueue
-from shared.jobs import Keys
-from shared.queue import JobQueue
+from shared.batch_store import BatchStore
+from shared.job_store import JobStore
 from shared.redis_client import connect
+from shared.registry import WorkerRegistry
 from shared.settings import Settings
+from shared.stats import QueueStats
 
 
 class Fleet:
-    """What a request needs: settings, the job and batch queues, and the waiter for
+    """What a request needs: settings, the stores (one Redis pool), and the waiter for
     ``Prefer: wait``."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.keys = Keys(settings.key_prefix)
-        self.queue = JobQueue(connect(settings), self.keys, settings.result_ttl_s)
-        self.batches = BatchQueue(self.queue)
+        client = connect(settings)
+        self.jobs = JobStore.from_settings(settings, client)
+        self.keys = self.jobs.keys
+        self.batches = BatchStore.from_settings(settings, client)
+        self.stats = QueueStats.from_settings(settings, client)
+        self.registry = WorkerRegistry.from_settings(settings, client)
+        self.backpressure = Backpressure(self.stats, settings.max_queue_depth)
         # The subscriber blocks on its socket for as long as no job ends: no read timeout.
-        self.backpressure = Backpressure(self.queue, settings.max_queue_depth)
         self.waiter = JobWaiter(
             connect(settings, socket_timeout=None), self.keys.job_finished_channel
         )

@@ -26,10 +26,6 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-def _worker_max_age_s() -> float:
-    return 3 * fleet.settings.worker_heartbeat_s
-
-
 @bp.get("/healthz")
 def healthz():
     """The gateway process is alive (it does not look at Redis or workers)."""
@@ -40,10 +36,9 @@ def healthz():
 def readyz():
     """Redis is reachable and at least one worker has its model loaded."""
     try:
-        fleet.queue.redis.ping()
-        ready = {
-            m: fleet.queue.ready_workers(m, _worker_max_age_s()) for m in fleet.served_models()
-        }
+        fleet.registry.redis.ping()
+        max_age = fleet.settings.worker_max_age_s
+        ready = {m: fleet.registry.ready_workers(m, max_age) for m in fleet.served_models()}
     except redis.RedisError as exc:
         return jsonify(status="unavailable", reason=f"redis unreachable: {exc}"), 503
     if not any(ready.values()):
@@ -61,11 +56,11 @@ def list_models():
     """Models this fleet serves, with their ready workers and backlog."""
     cards = []
     for model in fleet.served_models():
-        backlog = fleet.queue.backlog(model)
+        backlog = fleet.stats.backlog(model)
         cards.append(
             ModelCard(
                 id=model,
-                ready_workers=fleet.queue.ready_workers(model, _worker_max_age_s()),
+                ready_workers=fleet.registry.ready_workers(model, fleet.settings.worker_max_age_s),
                 queued=backlog.undelivered,
                 running=backlog.pending,
             )

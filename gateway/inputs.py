@@ -1,23 +1,21 @@
-"""Reading what a client sent, shared by the job and batch views: bodies, headers, webhooks.
+"""Reading what a client sent over HTTP, shared by the views: bodies and headers.
 
 Each helper raises :class:`~gateway.errors.APIError` with a 4xx that says what is wrong.
+What the request then means is checked by the serving layer (:mod:`gateway.serving`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from flask import request
 
 from gateway.errors import APIError
-from gateway.extensions import fleet
-from shared.queue import IdempotencyConflict, IdempotentResultExpired
-from webhooks import UnresolvableURLError, UnsafeURLError, check_url
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")  # visible ASCII, as Stripe's
+MAX_WAIT_S = 60
+_PREFER_WAIT = re.compile(r"(?:^|[,;]\s*)wait(?:=(\d+))?\s*(?:$|[,;])", re.IGNORECASE)
 
 
 def json_body(max_bytes: int | None = None, accepted: str = "application/json") -> dict:
@@ -60,45 +58,21 @@ def idempotency_key() -> str | None:
     return key
 
 
-@contextmanager
-def idempotency_errors(kind: str) -> Iterator[None]:
-    """The 4xx for an Idempotency-Key reused with another body, or naming an expired
-    ``kind`` (job or batch)."""
-    try:
-        yield
-    except IdempotencyConflict as exc:
+def prefer_wait() -> int | None:
+    """Seconds asked for by ``Prefer: wait=N``; None if absent. Bare ``wait`` means 60."""
+    prefer = request.headers.get("Prefer")
+    if not prefer:
+        return None
+    match = _PREFER_WAIT.search(prefer.strip())
+    if match is None:
+        if re.search(r"\bwait\b", prefer, re.IGNORECASE):
+            raise APIError(
+                400, "invalid_header", "Prefer: wait must be 'wait' or 'wait=N' with 1 <= N <= 60"
+            )
+        return None  # other preferences are not ours to reject
+    seconds = int(match.group(1)) if match.group(1) else MAX_WAIT_S
+    if not 1 <= seconds <= MAX_WAIT_S:
         raise APIError(
-            422, "idempotency_key_reused",
-            f"Idempotency-Key was used for a different request ({kind} {exc}); use a new key",
-        ) from None  # fmt: skip
-    except IdempotentResultExpired as exc:
-        raise APIError(
-            409, f"idempotent_{kind}_expired",
-            f"Idempotency-Key names {kind} {exc}, which has expired; use a new key",
-        ) from None  # fmt: skip
-
-
-def check_webhook(url: str | None) -> None:
-    """Refuse, at submit, a webhook this fleet could not or must not call."""
-    if url is None:
-        return
-    settings = fleet.settings
-    if settings.webhook_secret is None:
-        raise APIError(
-            400, "webhooks_disabled",
-            "this fleet has no WEBHOOK_SECRET, so it sends no webhooks; omit 'webhook'",
-            param="webhook",
-        )  # fmt: skip
-    try:
-        check_url(url, settings.webhook_allow_private)
-    except UnresolvableURLError as exc:
-        raise APIError(
-            422, "invalid_webhook", f"'webhook': {exc}; check the host name", param="webhook"
-        ) from None
-    except UnsafeURLError as exc:
-        hint = "give a public http(s) URL"
-        if not settings.webhook_allow_private:
-            hint += " (loopback and private ones need WEBHOOK_ALLOW_PRIVATE=1 on the fleet)"
-        raise APIError(
-            422, "invalid_webhook", f"'webhook': {exc}; {hint}", param="webhook"
-        ) from None
+            400, "invalid_header", f"Prefer: wait=N needs 1 <= N <= {MAX_WAIT_S} (got {seconds})"
+        )
+    return seconds

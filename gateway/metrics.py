@@ -28,8 +28,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from gateway.extensions import Fleet, fleet
-from shared.jobs import LANES, LATENCY_BUCKETS, TERMINAL_STATUSES
-from shared.scripts import bucket_name
+from shared.states import LANES, TERMINAL_STATUSES
+from shared.stats import LATENCY_BUCKETS, bucket_name
 
 HTTP_LATENCY = Histogram(
     "fleet_http_request_duration_seconds",
@@ -82,8 +82,8 @@ class FleetCollector:
         self.state = state
 
     def collect(self):
-        queue = self.state.queue
-        max_age = 3 * self.state.settings.worker_heartbeat_s
+        stats, registry = self.state.stats, self.state.registry
+        max_age = self.state.settings.worker_max_age_s
         submitted = CounterMetricFamily(
             "fleet_jobs_submitted", "Jobs accepted by the gateway.", labels=["model"]
         )
@@ -119,35 +119,35 @@ class FleetCollector:
         )
         dead = GaugeMetricFamily("fleet_dead_letters", "Dead-lettered entries.", labels=["model"])
         for model in self.state.served_models():
-            stats = queue.stats(model)
-            submitted.add_metric([model], float(stats.get("submitted", 0)))
+            counters = stats.counters(model)
+            submitted.add_metric([model], float(counters.get("submitted", 0)))
             for status in sorted(TERMINAL_STATUSES):
-                finished.add_metric([model, status], float(stats.get(f"finished:{status}", 0)))
-            latency.add_metric([model], *_histogram(stats, "latency"))
-            wait.add_metric([model], *_histogram(stats, "wait"))
-            batch_submitted.add_metric([model], float(stats.get("batch:submitted", 0)))
+                finished.add_metric([model, status], float(counters.get(f"finished:{status}", 0)))
+            latency.add_metric([model], *_histogram(counters, "latency"))
+            wait.add_metric([model], *_histogram(counters, "wait"))
+            batch_submitted.add_metric([model], float(counters.get("batch:submitted", 0)))
             for status in sorted(TERMINAL_STATUSES):
-                count = float(stats.get(f"batch:finished:{status}", 0))
+                count = float(counters.get(f"batch:finished:{status}", 0))
                 batch_finished.add_metric([model, status], count)
             for lane in LANES:
-                depth = queue.backlog(model, lane)
+                depth = stats.backlog(model, lane)
                 backlog.add_metric([model, lane, "undelivered"], depth.undelivered)
                 backlog.add_metric([model, lane, "pending"], depth.pending)
                 oldest.add_metric([model, lane], depth.oldest_age_s)
-            ready.add_metric([model], queue.ready_workers(model, max_age))
-            dead.add_metric([model], queue.dead_letter_count(model))
+            ready.add_metric([model], registry.ready_workers(model, max_age))
+            dead.add_metric([model], stats.dead_letter_count(model))
         yield from (
             submitted, finished, latency, wait, batch_submitted, batch_finished,
             backlog, oldest, ready, dead,
         )  # fmt: skip
 
 
-def _histogram(stats: dict[str, str], name: str) -> tuple[list[tuple[str, float]], float]:
+def _histogram(counters: dict[str, str], name: str) -> tuple[list[tuple[str, float]], float]:
     """Cumulative buckets and sum from the stats hash's per-bucket counts."""
     buckets, total = [], 0.0
     for bound in LATENCY_BUCKETS:
-        total += float(stats.get(f"{name}:{bucket_name(bound)}", 0))
+        total += float(counters.get(f"{name}:{bucket_name(bound)}", 0))
         buckets.append((str(float(bound)), total))
-    total += float(stats.get(f"{name}:+Inf", 0))
+    total += float(counters.get(f"{name}:+Inf", 0))
     buckets.append(("+Inf", total))
-    return buckets, float(stats.get(f"{name}:sum", 0))
+    return buckets, float(counters.get(f"{name}:sum", 0))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import redis
 
-from shared.jobs import Job
+from shared.protocol import Job
 
 log = logging.getLogger(__name__)
 

@@ -208,8 +208,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _claims_outlast_heartbeats(self) -> Settings:
-        if self.claim_idle_s < 3 * self.worker_heartbeat_s:
+        if self.claim_idle_s < self.worker_max_age_s:
             raise ValueError("CLAIM_IDLE_S must be at least 3 x WORKER_HEARTBEAT_S")
+        return self
+
+    @model_validator(mode="after")
+    def _model_id_is_a_hash_tag(self) -> Settings:
+        if "{" in self.served_model or "}" in self.served_model:
+            raise ValueError("the model id (MODEL_NAME, or MODEL) must not contain '{' or '}'")
         return self
 
     @field_validator(
@@ -225,6 +231,11 @@ class Settings(BaseSettings):
         if self.model_name:
             return self.model_name
         return self.model or DEMO_MODEL_ID
+
+    @property
+    def worker_max_age_s(self) -> float:
+        """A worker whose last heartbeat is older than this is taken for dead."""
+        return 3 * self.worker_heartbeat_s
 
     @property
     def embedded_redis_url(self) -> str:

@@ -14,7 +14,7 @@ import requests
 
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
-from shared.jobs import TERMINAL_STATUSES
+from shared.states import TERMINAL_STATUSES
 from tests.webhook_receiver import Receiver, serve_receiver
 from workers import demo_model
 

@@ -6,15 +6,17 @@ import json
 
 import pytest
 
+from shared.keys import Keys
+
 GOOD = {"prompt": "Hello"}
 
 
 def _job_keys(fleet) -> int:
-    return len(fleet.redis.keys(f"{fleet.prefix}:job:*"))
+    return len(fleet.redis.keys(Keys(fleet.prefix).job("*", "*")))
 
 
 def _stream_entries(fleet) -> int:
-    return sum(fleet.redis.xlen(k) for k in fleet.redis.keys(f"{fleet.prefix}:stream:*"))
+    return sum(fleet.redis.xlen(k) for k in fleet.redis.keys(Keys(fleet.prefix).stream("*")))
 
 
 BAD_BODIES = [

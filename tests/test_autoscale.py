@@ -12,6 +12,7 @@ import redis
 import requests
 
 from fleet.processes import wait_until
+from shared.keys import Keys
 from tests.test_launcher import Launcher, _cmd
 
 JOBS = 300
@@ -52,13 +53,15 @@ def test_backlog_scales_up_to_max_then_back_to_min(tmp_path, demo_model_path):
         mark("3 worker processes")
 
         def ready() -> int:
-            return client.zcount("fleet:workers:demo/qwen3.5-tiny-awq", time.time() - 6, "+inf")
+            return client.zcount(
+                Keys("fleet").workers("demo/qwen3.5-tiny-awq"), time.time() - 6, "+inf"
+            )
 
         wait_until(lambda: ready() == 3, 180, "3 workers never had their model loaded")
         mark("3 workers ready")
 
         def all_done() -> bool:
-            stats = client.hgetall("fleet:stats:demo/qwen3.5-tiny-awq")
+            stats = client.hgetall(Keys("fleet").stats("demo/qwen3.5-tiny-awq"))
             return int(stats.get("finished:succeeded", 0)) >= JOBS
 
         wait_until(all_done, 600, "backlog did not drain")
@@ -66,7 +69,7 @@ def test_backlog_scales_up_to_max_then_back_to_min(tmp_path, demo_model_path):
         wait_until(lambda: _workers(launcher) == 1, 120, "did not scale back down to 1")
         mark("back to 1 worker")
 
-        stats = client.hgetall("fleet:stats:demo/qwen3.5-tiny-awq")
+        stats = client.hgetall(Keys("fleet").stats("demo/qwen3.5-tiny-awq"))
         assert int(stats["submitted"]) == JOBS
         assert int(stats["finished:succeeded"]) == JOBS  # each job stored once, none failed
         statuses = {requests.get(f"{launcher.base}/v1/jobs/{i}", timeout=30).json()["status"]

@@ -3,10 +3,10 @@ and test_observability: a job too long for the context fails alone)."""
 
 from __future__ import annotations
 
-from shared.jobs import JobInput
-from shared.queue import Entry, StartedJob
+from shared.job_consumer import Entry, StartedJob
+from shared.protocol import JobInput
 from shared.settings import Settings
-from workers.batcher import BatchLoop
+from workers.batcher import MicroBatchLoop
 from workers.engine import Completion
 
 
@@ -30,7 +30,7 @@ def _job(i: int, prompt: str) -> StartedJob:
 
 
 def test_a_job_that_breaks_the_batch_fails_alone():
-    loop = BatchLoop(Settings(), queue=None, engine=RaisingEngine(), worker="w")
+    loop = MicroBatchLoop(Settings(), jobs=None, engine=RaisingEngine(), worker="w")
     jobs = [_job(1, "fine"), _job(2, "boom"), _job(3, "also fine")]
     result = loop.infer(jobs)
     statuses = {entry.job_id: fields["status"] for entry, fields in result.stored}

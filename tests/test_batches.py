@@ -18,20 +18,16 @@ from standardwebhooks import Webhook
 
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
-from shared.batch_queue import BatchQueue
-from shared.batches import BatchOptions, BatchRequest
-from shared.jobs import (
-    JobInput,
-    JobStatus,
-    Keys,
-    Lane,
-    Output,
-    Usage,
-    terminal_fields,
-    webhook_fields,
-)
-from shared.queue import JobQueue
+from shared.batch_store import BatchStore
+from shared.dead_letters import DeadLetters
+from shared.job_consumer import JobConsumer
+from shared.job_store import JobStore
+from shared.keys import Keys
+from shared.protocol import BatchOptions, BatchRequest, JobInput, Output, Usage
+from shared.records import terminal_fields, webhook_fields
 from shared.settings import Settings
+from shared.states import JobStatus, Lane
+from shared.stats import QueueStats
 from tests.conftest import Fleet, fleet_env, start_fleet
 from tests.webhook_receiver import Receiver
 from webhooks.dispatcher import EventDispatcher
@@ -233,16 +229,16 @@ def test_jsonl_batch_with_query_options_and_per_request_events(bfleet, receiver,
 def test_a_bad_line_rejects_the_batch_and_queues_nothing(bfleet, jsonl, line, param):
     stream = Keys(bfleet.prefix).stream("demo/qwen3.5-tiny-awq", Lane.BATCH)
     before_len = bfleet.redis.xlen(stream)
-    before_keys = len(bfleet.redis.keys(f"{bfleet.prefix}:job:*"))
-    before_batches = len(bfleet.redis.keys(f"{bfleet.prefix}:batch:*"))
+    before_keys = len(bfleet.redis.keys(Keys(bfleet.prefix).job("*", "*")))
+    before_batches = len(bfleet.redis.keys(Keys(bfleet.prefix).batch("*", "*")))
     response = _create(bfleet, jsonl=jsonl)
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert error["line"] == line and error["param"] == param
     assert error["message"].startswith(f"line {line}: ")
     assert bfleet.redis.xlen(stream) == before_len
-    assert len(bfleet.redis.keys(f"{bfleet.prefix}:job:*")) == before_keys
-    assert len(bfleet.redis.keys(f"{bfleet.prefix}:batch:*")) == before_batches
+    assert len(bfleet.redis.keys(Keys(bfleet.prefix).job("*", "*"))) == before_keys
+    assert len(bfleet.redis.keys(Keys(bfleet.prefix).batch("*", "*"))) == before_batches
 
 
 def test_json_batch_errors_name_the_index_and_field(bfleet):
@@ -378,83 +374,94 @@ def test_webhooks_are_refused_when_the_fleet_has_no_secret(fleet):
 # --- against Redis alone -----------------------------------------------------------------
 
 
+class Queue:
+    """The queue's roles over one client: the gateway's stores, a worker's consumer."""
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        keys = self.keys = Keys(prefix)
+        self.store = JobStore(client, keys, 60)
+        self.consumer = JobConsumer(client, keys, 60)
+        self.batches = BatchStore(client, keys, 60)
+        self.stats = QueueStats(client, keys, 60)
+        self.dead = DeadLetters(client, keys, 60)
+
+
 def test_a_cancelled_batch_request_read_before_the_sweep_never_starts(redis_url):
     """Cancel races a worker that already read entries: the start script refuses them."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    jobs = JobQueue(client, Keys(f"race-{uuid.uuid4().hex[:6]}"), 60)
-    batches = BatchQueue(jobs)
+    q = Queue(client, f"race-{uuid.uuid4().hex[:6]}")
     requests_ = [BatchRequest(custom_id=str(i), prompt="p") for i in range(4)]
-    batch = batches.create("m", requests_, BatchOptions()).batch
-    entries = jobs.read_next("m", "w", 2, None)
-    client.hset(jobs.keys.batch(batch.id), "status", "cancelling")  # the sweep has not run
-    started, dropped = jobs.start("m", entries, "w")
+    batch = q.batches.create("m", requests_, BatchOptions()).batch
+    entries = q.consumer.read_next("m", "w", 2, None)
+    client.hset(q.keys.batch("m", batch.id), "status", "cancelling")  # the sweep has not run
+    started, dropped = q.consumer.start("m", entries, "w")
     assert started == [] and len(dropped) == 2
-    final = batches.cancel(batch.id)
+    final = q.batches.cancel("m", batch.id)
     assert final.status == "cancelled"
     assert final.request_counts.cancelled == 4
 
 
 def test_interactive_entries_are_read_before_batch_entries(redis_url):
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    jobs = JobQueue(client, Keys(f"prio-{uuid.uuid4().hex[:6]}"), 60)
-    batches = BatchQueue(jobs)
-    batches.create("m", [BatchRequest(custom_id=str(i), prompt="p") for i in range(5)],
-                   BatchOptions())  # fmt: skip
-    interactive = [jobs.submit("m", JobInput(prompt="now"), {}).job.id for _ in range(2)]
-    first = jobs.read_next("m", "w", 4, None)
+    q = Queue(client, f"prio-{uuid.uuid4().hex[:6]}")
+    q.batches.create("m", [BatchRequest(custom_id=str(i), prompt="p") for i in range(5)],
+                     BatchOptions())  # fmt: skip
+    interactive = [q.store.submit("m", JobInput(prompt="now"), {}).job.id for _ in range(2)]
+    first = q.consumer.read_next("m", "w", 4, None)
     assert [e.job_id for e in first[:2]] == interactive
     assert [e.lane for e in first] == [Lane.INTERACTIVE] * 2 + [Lane.BATCH] * 2
-    assert jobs.backlog("m", Lane.BATCH).undelivered == 3
-    assert jobs.backlog("m").total == 7  # 4 read (pending) + 3 unread
+    assert q.stats.backlog("m", Lane.BATCH).undelivered == 3
+    assert q.stats.backlog("m").total == 7  # 4 read (pending) + 3 unread
 
 
 def test_an_event_processed_twice_makes_one_delivery(redis_url):
     prefix = f"ev-{uuid.uuid4().hex[:6]}"
     settings = Settings(
-        redis_url=redis_url, key_prefix=prefix, webhook_allow_private=True,
+        redis_url=redis_url, key_prefix=prefix, webhook_allow_private=True, model_name="m",
         webhook_secret="whsec_" + base64.b64encode(os.urandom(32)).decode(),
     )  # fmt: skip
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    jobs = JobQueue(client, Keys(prefix), 60)
-    extra = webhook_fields(jobs.keys, "http://127.0.0.1:9/x", ["job.canceled"])
-    job = jobs.submit("m", JobInput(prompt="p"), {}, extra=extra).job
-    jobs.cancel(job.id)  # ends it: one job.canceled event in the outbox
-    [(entry_id, fields)] = client.xrange(jobs.keys.events())
+    q = Queue(client, prefix)
+    extra = webhook_fields("http://127.0.0.1:9/x", ["job.canceled"])
+    job = q.store.submit("m", JobInput(prompt="p"), {}, extra=extra).job
+    q.store.cancel("m", job.id)  # ends it: one job.canceled event in the outbox
+    events = q.keys.events("m")
+    [(entry_id, fields)] = client.xrange(events)
     dispatcher = EventDispatcher(settings, client, "test")
-    dispatcher.dispatch(entry_id, fields)
-    dispatcher.dispatch(entry_id, fields)  # as after a crash before the ack
-    owned = client.lrange(jobs.keys.webhook_owner(job.id), 0, -1)
+    dispatcher.dispatch(events, entry_id, fields)
+    dispatcher.dispatch(events, entry_id, fields)  # as after a crash before the ack
+    owned = client.lrange(q.keys.webhook_owner(job.id), 0, -1)
     assert len(owned) == 1
-    payload = json.loads(client.hget(jobs.keys.webhook(owned[0]), "payload"))
+    payload = json.loads(client.hget(q.keys.webhook(owned[0]), "payload"))
     assert payload["type"] == "job.canceled" and payload["data"]["status"] == "canceled"
-    assert client.xlen(jobs.keys.events()) == 0
+    assert client.xlen(events) == 0
 
 
 def test_a_requeued_dead_letter_of_a_batch_is_counted_once(redis_url):
     """Dead-lettered (failed), then re-queued by an operator and run: the batch counts the
     request once, keeps one result line for it, and completes again."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    jobs = JobQueue(client, Keys(f"dl-{uuid.uuid4().hex[:6]}"), 60)
-    batches = BatchQueue(jobs)
+    q = Queue(client, f"dl-{uuid.uuid4().hex[:6]}")
+    batches = q.batches
     batch = batches.create("m", [BatchRequest(custom_id="only", prompt="p")], BatchOptions())
-    [entry] = jobs.read_next("m", "w", 1, None)
-    jobs.dead_letter("m", entry, deliveries=4)
-    failed = batches.get(batch.batch.id)
+    [entry] = q.consumer.read_next("m", "w", 1, None)
+    q.consumer.dead_letter("m", entry, times_delivered=4)
+    failed = batches.get("m", batch.batch.id)
     assert failed.status == "completed" and failed.request_counts.failed == 1
-    [letter] = jobs.dead_letters("m")
-    assert jobs.requeue_dead_letter("m", letter["id"])
-    reopened = batches.get(batch.batch.id)
+    [letter] = q.dead.list("m")
+    assert q.dead.requeue("m", letter["id"])
+    reopened = batches.get("m", batch.batch.id)
     assert reopened.status == "in_progress" and reopened.request_counts.failed == 0
-    assert list(batches.results(batch.batch.id)) == []
-    [again] = jobs.read_next("m", "w", 1, None)
+    assert list(batches.results("m", batch.batch.id)) == []
+    [again] = q.consumer.read_next("m", "w", 1, None)
     assert again.lane == Lane.BATCH
-    [started], _ = jobs.start("m", [again], "w")
+    [started], _ = q.consumer.start("m", [again], "w")
     assert started.entry == again
     output = Output(
         text="ok", finish_reason="length", usage=Usage(prompt_tokens=1, completion_tokens=1)
     )
-    jobs.finish("m", [(again, terminal_fields(status=JobStatus.SUCCEEDED, output=output))])
-    done = batches.get(batch.batch.id)
+    q.consumer.finish("m", [(again, terminal_fields(status=JobStatus.SUCCEEDED, output=output))])
+    done = batches.get("m", batch.batch.id)
     assert done.status == "completed"
     assert done.request_counts.model_dump() == {
         "total": 1,
@@ -462,5 +469,5 @@ def test_a_requeued_dead_letter_of_a_batch_is_counted_once(redis_url):
         "failed": 0,
         "cancelled": 0,
     }
-    [line] = [json.loads(x) for x in batches.results(batch.batch.id)]
+    [line] = [json.loads(x) for x in batches.results("m", batch.batch.id)]
     assert line["custom_id"] == "only" and line["status"] == "succeeded"

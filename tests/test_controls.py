@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import requests
 
 from gateway import create_app
+from shared.keys import Keys
 from shared.settings import Settings
 
 LONG = {"prompt": "Long", "max_new_tokens": 400}
@@ -83,7 +84,7 @@ def test_idempotency_key_returns_the_first_job(fleet):
 
 def test_concurrent_duplicates_create_exactly_one_job(fleet):
     key = str(uuid.uuid4())
-    before = len(fleet.redis.keys(f"{fleet.prefix}:job:*"))
+    before = len(fleet.redis.keys(Keys(fleet.prefix).job("*", "*")))
 
     def post(_):
         return requests.post(
@@ -96,7 +97,7 @@ def test_concurrent_duplicates_create_exactly_one_job(fleet):
     assert {r.status_code for r in responses} <= {200, 202}
     assert len({r.json()["id"] for r in responses}) == 1
     assert sum(r.headers.get("Idempotent-Replayed") == "true" for r in responses) == 19
-    assert len(fleet.redis.keys(f"{fleet.prefix}:job:*")) == before + 1
+    assert len(fleet.redis.keys(Keys(fleet.prefix).job("*", "*"))) == before + 1
 
 
 def test_backpressure_refuses_with_retry_after_and_keeps_what_it_accepted(redis_url):

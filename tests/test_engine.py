@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from shared.jobs import JobInput
+from shared.protocol import JobInput
 from workers.engine import Engine, PromptTooLong
 
 PROMPTS = ["Hello", "The queue worker runs quickly and the model", "A", "Stream redis job prompt"]

@@ -24,6 +24,7 @@ from celery import Celery
 
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
+from shared.keys import Keys
 from tests.conftest import ROOT, fleet_env
 
 POISON = "__poison__"
@@ -82,7 +83,7 @@ class FaultFleet:
         return proc
 
     def wait_loaded(self, name: str) -> None:
-        key = f"{self.prefix}:worker:{name}"
+        key = Keys(self.prefix).worker("demo/qwen3.5-tiny-awq", name)
         wait_until(lambda: self._exists(key), 120, f"{name} did not load", self.workers[name])
 
     def _exists(self, key: str) -> bool:
@@ -101,7 +102,7 @@ class FaultFleet:
 
     def wait_running(self, timeout_s: float = 60) -> None:
         deadline = time.monotonic() + timeout_s
-        stream = f"{self.prefix}:stream:demo/qwen3.5-tiny-awq"
+        stream = Keys(self.prefix).stream("demo/qwen3.5-tiny-awq")
         while time.monotonic() < deadline:
             if self.redis.xpending(stream, "workers")["pending"]:
                 time.sleep(0.3)  # well inside the batch
@@ -151,7 +152,7 @@ def test_workers_killed_mid_batch_lose_nothing_and_finish_each_job_once(faults):
     faults.wait_loaded("a@test")
     # Kill 2: SIGKILL mid-batch, never restarted: another worker claims what it held.
     faults.wait_running()
-    stream = f"{faults.prefix}:stream:demo/qwen3.5-tiny-awq"
+    stream = Keys(faults.prefix).stream("demo/qwen3.5-tiny-awq")
     faults.workers["a@test"].signal(signal.SIGKILL)
     held = faults.redis.xpending_range(stream, "workers", "-", "+", 100, consumername="a@test")
     held_jobs = {
@@ -164,7 +165,7 @@ def test_workers_killed_mid_batch_lose_nothing_and_finish_each_job_once(faults):
     assert [j["status"] for j in jobs.values()] == ["succeeded"] * 200
     assert {faults.finished[i] for i in ids} == {1}, "each job's result is stored exactly once"
     assert held_jobs and {jobs[j]["worker"] for j in held_jobs} == {"b@test"}
-    assert not faults.redis.xlen(f"{faults.prefix}:dead:demo/qwen3.5-tiny-awq")
+    assert not faults.redis.xlen(Keys(faults.prefix).dead_letters("demo/qwen3.5-tiny-awq"))
 
 
 def test_a_live_workers_long_batch_is_never_claimed(redis_url, demo_model_path, tmp_path):
@@ -190,7 +191,7 @@ def _long_batch_stays_with_its_worker(faults: FaultFleet) -> None:
     longest = max(job["metrics"]["inference_seconds"] for job in jobs.values())
     assert longest > 2, "a batch must outlast CLAIM_IDLE_S (1 s)"
     assert all(faults.finished[j] == 1 for j in job_ids)
-    stream = f"{faults.prefix}:stream:demo/qwen3.5-tiny-awq"
+    stream = Keys(faults.prefix).stream("demo/qwen3.5-tiny-awq")
     assert faults.redis.xinfo_groups(stream)[0]["entries-read"] == len(job_ids)  # once each
 
 

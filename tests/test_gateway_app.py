@@ -10,8 +10,11 @@ from pydantic import ValidationError
 
 from fleet.processes import free_port
 from gateway import create_app
-from shared.jobs import JobStatus, Output, Usage, terminal_fields
+from shared.job_consumer import JobConsumer
+from shared.protocol import Output, Usage
+from shared.records import terminal_fields
 from shared.settings import Settings
+from shared.states import JobStatus
 
 
 def _client(**settings):
@@ -22,9 +25,11 @@ def _client(**settings):
 def test_finished_jobs_expire_after_result_ttl(redis_url):
     app, client = _client(redis_url=redis_url, result_ttl_s=1)
     job = client.post("/v1/jobs", json={"prompt": "x"}).get_json()
-    queue = app.extensions["fleet"].queue
-    [entry] = queue.read(app.extensions["fleet"].settings.served_model, "w", 10, None)
-    queue.start(app.extensions["fleet"].settings.served_model, [entry], "w")
+    state = app.extensions["fleet"]
+    model = state.settings.served_model
+    queue = JobConsumer(state.jobs.redis, state.keys, state.settings.result_ttl_s)
+    [entry] = queue.read(model, "w", 10, None)
+    queue.start(model, [entry], "w")
     fields = terminal_fields(
         status=JobStatus.SUCCEEDED,
         output=Output(
@@ -33,7 +38,7 @@ def test_finished_jobs_expire_after_result_ttl(redis_url):
         inference_seconds=0.0,
         batch_size=1,
     )
-    queue.finish(app.extensions["fleet"].settings.served_model, [(entry, fields)])
+    queue.finish(model, [(entry, fields)])
     assert client.get(f"/v1/jobs/{job['id']}").get_json()["status"] == "succeeded"
     time.sleep(2.2)
     gone = client.get(f"/v1/jobs/{job['id']}")
@@ -43,10 +48,8 @@ def test_finished_jobs_expire_after_result_ttl(redis_url):
 def test_unfinished_jobs_do_not_expire(redis_url):
     app, client = _client(redis_url=redis_url, result_ttl_s=1)
     job = client.post("/v1/jobs", json={"prompt": "x"}).get_json()
-    assert (
-        app.extensions["fleet"].queue.redis.ttl(f"{app.extensions['fleet'].keys.job(job['id'])}")
-        == -1
-    )
+    state = app.extensions["fleet"]
+    assert state.jobs.redis.ttl(state.keys.job(state.settings.served_model, job["id"])) == -1
 
 
 def test_redis_down_is_503_not_500():

@@ -26,8 +26,9 @@ import pytest
 import yaml
 
 from fleet import commands
-from shared.jobs import LANES, Keys, Lane
+from shared.keys import JOBS_GROUP, Keys
 from shared.settings import Settings
+from shared.states import LANES, Lane
 
 K8S = Path(__file__).resolve().parent.parent / "k8s"
 COMPONENTS = {"keda": K8S / "keda", "controller": K8S / "autoscaler"}
@@ -38,7 +39,7 @@ CLUSTER_SCOPED_KINDS = {"Namespace"}
 KUBERNETES_VERSION = "1.37"
 # Custom resources: the Kubernetes schemas do not have them (tested field by field below).
 CRD_KINDS = {"ScaledObject"}
-CONSUMER_GROUP = "workers"  # shared/queue.py
+CONSUMER_GROUP = JOBS_GROUP
 
 
 def _yaml_files() -> list[Path]:
@@ -586,10 +587,10 @@ def test_scaled_object_reads_the_stream_the_gateway_writes():
     settings = Settings(**{k.lower(): v for k, v in config["data"].items()})
     triggers = _triggers()
     assert triggers[Lane.INTERACTIVE]["metadata"]["stream"] == (
-        f"fleet:stream:{settings.served_model}"
+        f"fleet:{{{settings.served_model}}}:stream"
     )
     assert triggers[Lane.BATCH]["metadata"]["stream"] == (
-        f"fleet:batch-stream:{settings.served_model}"
+        f"fleet:{{{settings.served_model}}}:batch-stream"
     )
     meta = triggers[Lane.INTERACTIVE]["metadata"]
     # The Redis of REDIS_URL, reached from KEDA's own namespace: a Service of the fleet's

@@ -32,8 +32,9 @@ from standardwebhooks import Webhook
 
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
-from shared.jobs import Keys
+from shared.keys import Keys
 from shared.settings import Settings
+from shared.states import DeliveryState
 from tests.webhook_receiver import Received, Receiver, handler
 from webhooks import (
     UnresolvableURLError,
@@ -47,7 +48,7 @@ from webhooks import (
 )
 from webhooks.broker import create_app
 from webhooks.policy import next_delay, parse_retry_after
-from webhooks.store import DeliveryStore, State
+from webhooks.store import DeliveryStore
 
 SCHEDULE = "0.5,0.5,0.5"
 TIMEOUT_S = 1.0
@@ -301,10 +302,12 @@ def test_each_attempt_is_claimed_once(redis_url):
     assert store.claim(delivery_id, 1, lease_s=60) is None  # running elsewhere
     assert store.claim(delivery_id, 1, lease_s=0) is not None  # its worker died: re-run
     attempt = {"attempt": 1, "status": 500}
-    store.record_attempt(delivery_id, attempt, State.PENDING, time.time() + 5, None, ttl_s=60)
+    store.record_attempt(
+        delivery_id, attempt, DeliveryState.PENDING, time.time() + 5, None, ttl_s=60
+    )
     assert store.claim(delivery_id, 1, lease_s=0) is None  # made and recorded
     assert store.claim(delivery_id, 2, lease_s=60) is not None
-    store.record_attempt(delivery_id, {"attempt": 2}, State.DELIVERED, None, None, ttl_s=60)
+    store.record_attempt(delivery_id, {"attempt": 2}, DeliveryState.DELIVERED, None, None, ttl_s=60)
     assert store.claim(delivery_id, 3, lease_s=0) is None  # ended
 
 

@@ -6,7 +6,8 @@ import time
 
 from celery import Celery
 
-from shared.jobs import CONSUMER_GROUP
+from shared.keys import JOBS_GROUP as CONSUMER_GROUP
+from shared.keys import Keys
 
 
 def _broker_url(fleet) -> str:
@@ -48,7 +49,7 @@ def test_stats_count_work_and_stream_is_left_clean(fleet):
     assert after["batches"] > before["batches"]
     assert after["generated_tokens"] >= before["generated_tokens"] + 1
     assert after["jobs_succeeded"] > before["jobs_succeeded"]
-    stream = f"{fleet.prefix}:stream:demo/qwen3.5-tiny-awq"
+    stream = Keys(fleet.prefix).stream("demo/qwen3.5-tiny-awq")
     deadline = time.monotonic() + 30
     while fleet.redis.xpending(stream, CONSUMER_GROUP)["pending"] and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -1,10 +1,10 @@
 """Webhook delivery: signed (Standard Webhooks), retried with backoff, SSRF-guarded.
 
-The fleet calls :func:`enqueue_event` and reads outcomes with :func:`deliveries`; the
+The fleet calls :func:`enqueue_event` and reads outcomes with :func:`deliveries_of`; the
 webhook worker (:mod:`webhooks.celery_app`, queue ``webhooks``) makes the attempts.
 """
 
-from webhooks.api import WebhookConfigError, deliveries, deliveries_of, delivery, enqueue_event
+from webhooks.deliveries import WebhookConfigError, deliveries_of, delivery, enqueue_event
 from webhooks.ssrf import UnresolvableURLError, UnsafeURLError, check_url
 
 __all__ = [
@@ -12,7 +12,6 @@ __all__ = [
     "UnsafeURLError",
     "WebhookConfigError",
     "check_url",
-    "deliveries",
     "deliveries_of",
     "delivery",
     "enqueue_event",

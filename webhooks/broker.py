@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from shared.jobs import Keys
+from shared.keys import Keys
 from shared.settings import Settings
 from webhooks.policy import retry_after_cap_s
 

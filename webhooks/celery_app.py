@@ -14,12 +14,12 @@ from functools import lru_cache
 
 from celery import Task, bootsteps
 
-from shared.jobs import Keys
+from shared.keys import Keys
 from shared.redis_client import connect
 from shared.settings import get_settings
 from webhooks import metrics
+from webhooks.attempts import run_attempt
 from webhooks.broker import DELIVER_TASK, create_app
-from webhooks.delivery import run_attempt
 from webhooks.dispatcher import EventDispatcher
 from webhooks.store import DeliveryStore
 

@@ -1,10 +1,11 @@
 """Turns the events outbox into webhook deliveries, in the webhook worker.
 
-The scripts that change a job or batch append ``{type, id, url}`` to the events stream in
-the same atomic step (see :mod:`shared.scripts`). This loop reads them (consumer group
-``webhooks``), builds each payload from the job or batch as it stands, and hands it to
-:func:`webhooks.api.enqueue_event` under a delivery id derived from the stream entry. An
-event read twice (a crash before its ack) therefore makes one delivery, never two.
+The scripts that change a job or batch append ``{type, id, url}`` to the model's events
+stream in the same atomic step (see ``shared/lua/lib.lua``). This loop consumes them
+(consumer group ``webhooks``, through :class:`shared.consumer.StreamConsumer`), builds
+each payload from the job or batch as it stands, and hands it to
+:func:`webhooks.deliveries.enqueue_event` under a delivery id derived from the stream
+entry. An event read twice (a crash before its ack) therefore makes one delivery, never two.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Any
 
 import redis
 
-from shared.batch_queue import BatchQueue
-from shared.jobs import EVENTS_GROUP, Keys
-from shared.queue import JobQueue
+from shared.batch_store import BatchStore
+from shared.consumer import StreamConsumer, ensure_group
+from shared.job_store import JobStore
+from shared.keys import EVENTS_GROUP, Keys
 from shared.settings import Settings
-from webhooks.api import WebhookConfigError, enqueue_event
+from webhooks.deliveries import WebhookConfigError, enqueue_event
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +40,11 @@ def delivery_id_for(events_key: str, entry_id: str) -> str:
 class EventDispatcher:
     def __init__(self, settings: Settings, client: redis.Redis, consumer: str) -> None:
         self.settings = settings
-        self.redis = client
-        self.consumer = consumer
         keys = Keys(settings.key_prefix)
-        self.stream = keys.events()
-        self.jobs = JobQueue(client, keys, settings.result_ttl_s)
-        self.batches = BatchQueue(self.jobs)
+        self.streams = {keys.events(settings.served_model): settings.served_model}
+        self.consumer = StreamConsumer(client, EVENTS_GROUP, consumer)
+        self.jobs = JobStore.from_settings(settings, client)
+        self.batches = BatchStore.from_settings(settings, client)
         self._stop = threading.Event()
         self._next_claim = 0.0
 
@@ -56,13 +57,14 @@ class EventDispatcher:
         while not self._stop.is_set():
             try:
                 if recovering:
-                    self._ensure_group()
-                    entries = self._read("0", None)
-                    recovering = bool(entries)
+                    for stream in self.streams:
+                        ensure_group(self.consumer.client, stream, EVENTS_GROUP)
+                    events = self._read(None, own_pending=True)
+                    recovering = bool(events)
                 else:
-                    entries = self._claim_abandoned() or self._read(">", BLOCK_MS)
-                for entry_id, fields in entries:
-                    self.dispatch(entry_id, fields)
+                    events = self._claim_abandoned() or self._read(BLOCK_MS)
+                for stream, (entry_id, fields) in events:
+                    self.dispatch(stream, entry_id, fields)
             except redis.RedisError as exc:
                 log.warning("events: redis unavailable (%s); retrying", exc)
                 recovering = True
@@ -72,53 +74,40 @@ class EventDispatcher:
                 recovering = True  # keep them pending until the worker is fixed
                 self._stop.wait(5)
 
-    def dispatch(self, entry_id: str, fields: dict[str, str]) -> None:
+    def dispatch(self, stream: str, entry_id: str, fields: dict[str, str]) -> None:
         """Make the event's delivery (once), then ack and delete the event."""
-        if fields:
-            data = self._object(fields["id"])
-            if data is None:
-                log.warning("event %s: %s is gone; not sent", fields["type"], fields["id"])
-            else:
-                try:
-                    enqueue_event(
-                        fields["url"], fields["type"], data, self.settings,
-                        delivery_id=delivery_id_for(self.stream, entry_id),
-                        owner=fields["id"], check_url=False,
-                    )  # fmt: skip
-                except ValueError as exc:  # too big, or not JSON: it can never be sent
-                    log.error("event %s for %s not sent: %s", fields["type"], fields["id"], exc)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.xack(self.stream, EVENTS_GROUP, entry_id)
-        pipe.xdel(self.stream, entry_id)
-        pipe.execute()
+        data = self._object(self.streams[stream], fields["id"])
+        if data is None:
+            log.warning("event %s: %s is gone; not sent", fields["type"], fields["id"])
+        else:
+            try:
+                enqueue_event(
+                    fields["url"], fields["type"], data, self.settings,
+                    delivery_id=delivery_id_for(stream, entry_id),
+                    owner=fields["id"], check_url=False,
+                )  # fmt: skip
+            except ValueError as exc:  # too big, or not JSON: it can never be sent
+                log.error("event %s for %s not sent: %s", fields["type"], fields["id"], exc)
+        self.consumer.ack(stream, [entry_id])
 
-    def _object(self, object_id: str) -> dict[str, Any] | None:
+    def _object(self, model: str, object_id: str) -> dict[str, Any] | None:
         """The event's data: the job (without its input: GET it for that) or the batch."""
         if object_id.startswith("batch_"):
-            batch = self.batches.get(object_id)
+            batch = self.batches.get(model, object_id)
             return batch.model_dump(mode="json") if batch else None
-        job = self.jobs.get(object_id)
+        job = self.jobs.get(model, object_id)
         return job.model_dump(mode="json", exclude={"input"}) if job else None
 
-    def _ensure_group(self) -> None:
-        try:
-            self.redis.xgroup_create(self.stream, EVENTS_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+    def _read(self, block_ms: int | None, *, own_pending: bool = False):
+        return self.consumer.read(list(self.streams), READ_COUNT, block_ms, own_pending=own_pending)
 
-    def _read(self, start: str, block_ms: int | None) -> list[tuple[str, dict[str, str]]]:
-        reply = self.redis.xreadgroup(
-            EVENTS_GROUP, self.consumer, {self.stream: start}, count=READ_COUNT, block=block_ms
-        )
-        return [entry for _stream, entries in reply or [] for entry in entries]
-
-    def _claim_abandoned(self) -> list[tuple[str, dict[str, str]]]:
+    def _claim_abandoned(self) -> list[tuple[str, tuple[str, dict[str, str]]]]:
         now = time.monotonic()
         if now < self._next_claim:  # look a few times per CLAIM_IDLE_MS, not every read
             return []
         self._next_claim = now + CLAIM_IDLE_MS / 4000
-        reply = self.redis.xautoclaim(
-            self.stream, EVENTS_GROUP, self.consumer, CLAIM_IDLE_MS, "0-0", count=READ_COUNT
-        )
-        return reply[1]
+        return [
+            (stream, message)
+            for stream in self.streams
+            for message in self.consumer.claim_abandoned(stream, CLAIM_IDLE_MS, READ_COUNT)
+        ]

@@ -12,7 +12,7 @@ import logging
 
 from prometheus_client import Counter, start_http_server
 
-from webhooks.store import State
+from shared.states import DeliveryState
 
 log = logging.getLogger(__name__)
 
@@ -21,10 +21,10 @@ DELIVERIES = Counter(
     "Webhook delivery attempts, by outcome: delivered, retrying, failed, gone.",
     ["outcome"],
 )
-_OUTCOME = {State.PENDING: "retrying"}
+_OUTCOME = {DeliveryState.PENDING: "retrying"}
 
 
-def count(state: State) -> None:
+def count(state: DeliveryState) -> None:
     DELIVERIES.labels(outcome=_OUTCOME.get(state, state.value)).inc()
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 
-from webhooks.store import State
+from shared.states import DeliveryState
 
 JITTER = 0.2  # each scheduled delay is scaled by a random factor in [0.8, 1.2]
 MIN_RETRY_AFTER_CAP_S = 3600.0
@@ -24,20 +24,20 @@ class Verdict:
 
     status: int | None
     error: str | None
-    final: State | None  # None: retry if the schedule allows
+    final: DeliveryState | None  # None: retry if the schedule allows
     retry_after: str | None = None
 
 
 def classify(status: int, retry_after: str | None) -> Verdict:
     if 200 <= status < 300:
-        return Verdict(status, None, State.DELIVERED)
+        return Verdict(status, None, DeliveryState.DELIVERED)
     if status == 410:
-        return Verdict(status, "HTTP 410: the receiver is gone", State.GONE)
+        return Verdict(status, "HTTP 410: the receiver is gone", DeliveryState.GONE)
     if status == 429 or status >= 500:
         return Verdict(status, f"HTTP {status}", None, retry_after)
     if 300 <= status < 400:
-        return Verdict(status, f"HTTP {status}: redirects are not followed", State.FAILED)
-    return Verdict(status, f"HTTP {status}", State.FAILED)
+        return Verdict(status, f"HTTP {status}: redirects are not followed", DeliveryState.FAILED)
+    return Verdict(status, f"HTTP {status}", DeliveryState.FAILED)
 
 
 def retry_after_cap_s(schedule: tuple[float, ...]) -> float:

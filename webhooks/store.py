@@ -3,7 +3,8 @@
 A delivery is a hash ``P:webhook:{id}`` (the exact body sent, its state, how many attempts
 were made) and a list ``P:webhook-attempts:{id}`` of one JSON object per attempt. Every
 attempt is first claimed (one script), so a Celery message delivered twice (a restored
-unacked message, a duplicated retry) never makes two requests for the same attempt.
+unacked message, a duplicated retry) never makes two requests for the same attempt
+(``webhook_claim.lua``); a delivery is created once (``webhook_create.lua``).
 """
 
 from __future__ import annotations
@@ -11,19 +12,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import redis
 
-from shared.jobs import Keys, rfc3339
-
-
-class State(StrEnum):
-    PENDING = "pending"  # an attempt is due or running
-    DELIVERED = "delivered"  # a 2xx answer
-    FAILED = "failed"  # retries exhausted, a 4xx/3xx answer, or the URL was refused
-    GONE = "gone"  # the receiver answered 410: do not send there again
+from shared.keys import Keys
+from shared.records import timestamp
+from shared.scripts import load, pairs
+from shared.states import DeliveryState
 
 
 @dataclass(frozen=True)
@@ -36,42 +32,12 @@ class Claimed:
     created_at: float
 
 
-# KEYS[1] delivery hash; ARGV attempt number, now, lease seconds. Returns {url, payload,
-# created_at} when this attempt may run now, else nil: the delivery ended, the attempt
-# was already made, or another copy of the message claimed it less than a lease ago.
-CLAIM = """
-local rec = KEYS[1]
-local attempt, now, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if redis.call('HGET', rec, 'state') ~= 'pending' then return nil end
-if tonumber(redis.call('HGET', rec, 'attempts') or '0') ~= attempt - 1 then return nil end
-local claimed = tonumber(redis.call('HGET', rec, 'claimed') or '0')
-local claimed_at = tonumber(redis.call('HGET', rec, 'claimed_at') or '0')
-if claimed == attempt and claimed_at > now - lease then return nil end
-redis.call('HSET', rec, 'claimed', attempt, 'claimed_at', ARGV[2])
-return redis.call('HMGET', rec, 'url', 'payload', 'created_at')
-"""
-
-
-# KEYS[1] delivery hash, KEYS[2] owner's delivery list ("" when none); ARGV ttl, field,
-# value, ... Creates the delivery once: returns 1 if created, 0 if it already existed.
-CREATE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-if KEYS[2] ~= '' then
-  redis.call('RPUSH', KEYS[2], redis.call('HGET', KEYS[1], 'id'))
-  redis.call('EXPIRE', KEYS[2], ARGV[1])
-end
-return 1
-"""
-
-
 class DeliveryStore:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis = client
         self.keys = keys
-        self._claim = client.register_script(CLAIM)
-        self._create = client.register_script(CREATE)
+        self._claim = load(client, "webhook_claim")
+        self._create = load(client, "webhook_create")
 
     def create(
         self,
@@ -89,13 +55,14 @@ class DeliveryStore:
             "url": url,
             "type": event_type,
             "payload": payload,
-            "state": State.PENDING.value,
+            "state": DeliveryState.PENDING.value,
             "created_at": repr(time.time()),
             "attempts": "0",
         }
-        owner_key = self.keys.webhook_owner(owner) if owner else ""
-        args = [_seconds(ttl_s), *(item for pair in record.items() for item in pair)]
-        return bool(self._create(keys=[self.keys.webhook(delivery_id), owner_key], args=args))
+        keys = [self.keys.webhook(delivery_id)]
+        if owner:
+            keys.append(self.keys.webhook_owner(owner))
+        return self._create(keys=keys, args=[_seconds(ttl_s), *pairs(record)]) == "created"
 
     def owned_by(self, owner: str) -> list[str]:
         """Ids of the deliveries about one job or batch, oldest first."""
@@ -114,7 +81,7 @@ class DeliveryStore:
         self,
         delivery_id: str,
         attempt: dict[str, Any],
-        state: State,
+        state: DeliveryState,
         next_retry_at: float | None,
         error: str | None,
         ttl_s: float,
@@ -127,7 +94,7 @@ class DeliveryStore:
             "next_retry_at": repr(next_retry_at) if next_retry_at is not None else "",
             "error": error or "",
         }
-        if state is not State.PENDING:
+        if state is not DeliveryState.PENDING:
             fields["ended_at"] = repr(time.time())
         with self.redis.pipeline(transaction=True) as pipe:
             pipe.rpush(attempts_key, json.dumps(attempt))
@@ -152,19 +119,15 @@ class DeliveryStore:
 def view(record: dict[str, str], attempts: list[str]) -> dict[str, Any]:
     """The delivery object: its state, and every attempt with its outcome and next retry."""
 
-    def ts(name: str) -> str | None:
-        value = record.get(name)
-        return rfc3339(float(value)) if value else None
-
     return {
         "id": record["id"],
         "object": "webhook_delivery",
         "url": record["url"],
         "type": record["type"],
         "state": record["state"],
-        "created_at": ts("created_at"),
-        "ended_at": ts("ended_at"),
-        "next_retry_at": ts("next_retry_at"),
+        "created_at": timestamp(record, "created_at"),
+        "ended_at": timestamp(record, "ended_at"),
+        "next_retry_at": timestamp(record, "next_retry_at"),
         "error": record.get("error") or None,
         "attempts": [json.loads(a) for a in attempts],
     }

@@ -1,7 +1,9 @@
-"""The GPU worker's batch loop: read a micro-batch from the model's stream, run it, store, ack.
+"""The GPU worker's micro-batch loop: read a micro-batch from the model's streams, run it,
+store, ack.
 
 It runs in its own thread inside the Celery worker (see :mod:`workers.bootstep`), so the
-worker's event loop keeps answering heartbeats and remote control while a batch generates.
+worker's event loop keeps answering heartbeats and remote control while a micro-batch
+generates.
 One loop iteration is a short list of named steps::
 
     retries (own pending after a restart or outage; entries of dead workers, now and then)
@@ -10,7 +12,9 @@ One loop iteration is a short list of named steps::
 
 Retried entries may be what killed a worker, so they are taken and run one at a time, and
 one delivered more than MAX_DELIVERIES times is dead-lettered instead. Shutdown is warm:
-:meth:`BatchLoop.request_stop` lets the current batch finish and be acknowledged first.
+:meth:`MicroBatchLoop.request_stop` lets the current micro-batch finish and be acknowledged
+first. (A *micro-batch* is the rows of one generate() call; a *batch* is the Batch API's
+many jobs submitted at once, which reach this loop as entries of the batch lane.)
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from dataclasses import dataclass, field
 
 import redis
 
-from shared.jobs import JobError, JobStatus, Output, Usage, terminal_fields
-from shared.queue import DEADLINE_ERROR, Entry, JobQueue, StartedJob
+from shared.job_consumer import DEADLINE_ERROR, Entry, JobConsumer, StartedJob
+from shared.protocol import JobError, Output, Usage
+from shared.records import terminal_fields
 from shared.settings import Settings
+from shared.states import JobStatus
 from workers.engine import INTERRUPTIONS, Completion, Engine, PromptTooLong
-from workers.flower_events import BatchEvents
+from workers.flower_tasks import FlowerTasks
 from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -42,7 +48,7 @@ RECONNECT_DELAY_S = (0.5, 1, 2, 5)
 
 
 @dataclass
-class BatchResult:
+class MicroBatchResult:
     """What one micro-batch produced: the fields to store per entry, and its numbers."""
 
     stored: list[tuple[Entry, dict[str, str]]]
@@ -90,29 +96,29 @@ class LoopStats:
         }
 
 
-class BatchLoop:
+class MicroBatchLoop:
     """Pulls micro-batches of one model's stream and runs them on one loaded engine."""
 
     def __init__(
         self,
         settings: Settings,
-        queue: JobQueue,
+        jobs: JobConsumer,
         engine: Engine,
         worker: str,
-        events: BatchEvents | None = None,
+        tasks: FlowerTasks | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
         self.settings = settings
-        self.events = events
+        self.tasks = tasks
         self.metrics = metrics
-        self.queue = queue
+        self.jobs = jobs
         self.engine = engine
         self.worker = worker
         self.model = settings.served_model
         self.stats = LoopStats()
         self.busy_since: float | None = None
         self.in_flight: list[Entry] = []  # refreshed every heartbeat so no one claims them
-        self.canceled: set[str] = set()  # job ids of the running batch a client canceled
+        self.canceled: set[str] = set()  # job ids of the running micro-batch a client canceled
         self._next_claim = 0.0
         self._stop = threading.Event()
 
@@ -130,15 +136,15 @@ class BatchLoop:
         while not self.stopping:
             try:
                 if recovering:
-                    self.queue.ensure_group(self.model)
-                    retries = self.queue.read(self.model, self.worker, 1, None, own_pending=True)
+                    self.jobs.ensure_groups(self.model)
+                    retries = self.jobs.read(self.model, self.worker, 1, None, own_pending=True)
                     recovering = bool(retries)
                 else:
                     retries = self.claim_abandoned()
                 if retries:
                     self.run_retries(retries)
                 else:
-                    self.run_batch(self.next_batch())
+                    self.run_micro_batch(self.next_micro_batch())
                 failures = 0
             except redis.RedisError as exc:
                 delay = RECONNECT_DELAY_S[min(failures, len(RECONNECT_DELAY_S) - 1)]
@@ -154,7 +160,7 @@ class BatchLoop:
         if time.monotonic() < self._next_claim:
             return []
         idle_ms = int(self.settings.claim_idle_s * 1000)
-        claimed = self.queue.claim_abandoned(self.model, self.worker, idle_ms, 1)
+        claimed = self.jobs.claim_abandoned(self.model, self.worker, idle_ms, 1)
         if not claimed:
             self._next_claim = time.monotonic() + self.settings.worker_heartbeat_s
         return claimed
@@ -165,21 +171,21 @@ class BatchLoop:
         Retries are taken one entry at a time (COUNT 1), so each re-delivery counted against
         an entry is a real attempt to run it, never a ride-along with a poison batch-mate.
         """
-        deliveries = self.queue.deliveries(self.model, self.worker, entries)
+        delivered = self.jobs.times_delivered(self.model, self.worker, entries)
         for entry in entries:
-            if deliveries[entry.entry_id] > self.settings.max_deliveries:
+            if delivered[entry.entry_id] > self.settings.max_deliveries:
                 log.error("job %s dead-lettered after %d deliveries", entry.job_id,
-                          deliveries[entry.entry_id])  # fmt: skip
-                self.queue.dead_letter(self.model, entry, deliveries[entry.entry_id])
+                          delivered[entry.entry_id])  # fmt: skip
+                self.jobs.dead_letter(self.model, entry, delivered[entry.entry_id])
             else:
-                self.run_batch([entry])
+                self.run_micro_batch([entry])
 
-    def next_batch(self) -> list[Entry]:
-        """Wait for a first entry, then up to MAX_BATCH_WAIT_MS for the batch to fill.
+    def next_micro_batch(self) -> list[Entry]:
+        """Wait for a first entry, then up to MAX_BATCH_WAIT_MS for the micro-batch to fill.
 
         Interactive entries come first; batch entries only fill what they leave."""
         size = self.settings.max_batch_size
-        entries = self.queue.read_next(self.model, self.worker, size, READ_BLOCK_MS)
+        entries = self.jobs.read_next(self.model, self.worker, size, READ_BLOCK_MS)
         # Fill by polling: Redis checks BLOCK timeouts only ~10 times a second (hz 10), so a
         # blocking read of a few ms can take 100 ms.
         deadline = time.monotonic() + self.settings.max_batch_wait_ms / 1000
@@ -187,75 +193,75 @@ class BatchLoop:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            more = self.queue.read_next(self.model, self.worker, size - len(entries), None)
+            more = self.jobs.read_next(self.model, self.worker, size - len(entries), None)
             if more:
                 entries.extend(more)
             else:
                 time.sleep(min(left, FILL_POLL_S))
         return entries
 
-    def run_batch(self, entries: list[Entry]) -> None:
+    def run_micro_batch(self, entries: list[Entry]) -> None:
         if not entries:
             return
         self.in_flight = entries
         try:
-            started, dropped = self.queue.start(self.model, entries, self.worker)
+            started, dropped = self.jobs.start(self.model, entries, self.worker)
             if dropped:
-                self.queue.drop(self.model, dropped)
+                self.jobs.drop(self.model, dropped)
             if not started:
                 return
-            batch_id = str(uuid.uuid4())
-            self._busy(batch_id, started)
+            task_id = str(uuid.uuid4())  # the micro-batch's Flower task
+            self._busy(task_id, started)
             try:
                 result = self.infer(started)
             except Exception as exc:
-                if self.events:
-                    self.events.failed(batch_id, repr(exc), traceback.format_exc())
+                if self.tasks:
+                    self.tasks.failed(task_id, repr(exc), traceback.format_exc())
                 raise
             finally:
                 self._busy(None, started)
-            self.queue.finish(self.model, result.stored)
-            self.report(batch_id, result)
+            self.jobs.finish(self.model, result.stored)
+            self.report(task_id, result)
         finally:
             self.in_flight, self.canceled = [], set()
 
-    def _busy(self, batch_id: str | None, jobs: list[StartedJob]) -> None:
-        self.busy_since = time.monotonic() if batch_id else None
+    def _busy(self, task_id: str | None, jobs: list[StartedJob]) -> None:
+        self.busy_since = time.monotonic() if task_id else None
         if self.metrics:
-            self.metrics.busy(batch_id is not None)
-        if batch_id and self.events:
-            self.events.started(batch_id, [j.entry.job_id for j in jobs])
+            self.metrics.busy(task_id is not None)
+        if task_id and self.tasks:
+            self.tasks.started(task_id, [j.entry.job_id for j in jobs])
 
-    def report(self, batch_id: str, result: BatchResult) -> None:
-        """Counters for inspect stats, Prometheus, and the batch's task in Flower."""
+    def report(self, task_id: str, result: MicroBatchResult) -> None:
+        """Counters for inspect stats, Prometheus, and the micro-batch's task in Flower."""
         completions = list(result.completions.values())
         self.stats.record(completions, len(result.failures), result.seconds)
         generated = sum(c.completion_tokens for c in completions)
         if self.metrics:
             prompt = sum(c.prompt_tokens for c in completions)
-            self.metrics.batch(
+            self.metrics.micro_batch(
                 len(result.stored), result.seconds, prompt, generated, result.statuses()
             )
-        if not self.events:
+        if not self.tasks:
             return
         if result.failures:
             summary = "; ".join(
                 f"{job}: {e.code}: {e.message}" for job, e in result.failures.items()
             )
-            self.events.failed(
-                batch_id, f"{len(result.failures)} of {len(result.stored)} jobs failed: {summary}"
+            self.tasks.failed(
+                task_id, f"{len(result.failures)} of {len(result.stored)} jobs failed: {summary}"
             )
         else:
             outcome = {"jobs": len(result.stored), "generated_tokens": generated}
-            self.events.succeeded(batch_id, result.seconds, outcome | dict(result.statuses()))
+            self.tasks.succeeded(task_id, result.seconds, outcome | dict(result.statuses()))
 
     def watch_cancels(self) -> None:
         """Called by the heartbeat thread often: note which running jobs were canceled."""
         entries = self.in_flight
         if entries and self.busy_since is not None:
-            self.canceled = self.queue.cancel_requested([e.job_id for e in entries])
+            self.canceled = self.jobs.cancel_requested(self.model, [e.job_id for e in entries])
 
-    def infer(self, jobs: list[StartedJob]) -> BatchResult:
+    def infer(self, jobs: list[StartedJob]) -> MicroBatchResult:
         """Generate for every job; a job that fails on its own input fails alone."""
         began = time.monotonic()
         failures: dict[str, JobError] = {}
@@ -302,12 +308,12 @@ class BatchLoop:
                     batch_size=len(jobs),
                 )
             results.append((job.entry, fields))
-        return BatchResult(results, completions, failures, seconds)
+        return MicroBatchResult(results, completions, failures, seconds)
 
     def _generate(
         self, jobs: list[StartedJob], prompts: list[list[int]], failures: dict[str, JobError]
     ) -> dict[str, Completion]:
-        """Run the batch; if it raises, run each job alone to find the one that fails."""
+        """Run the micro-batch; if it raises, run each job alone to find the one that fails."""
         if not jobs:
             return {}
 
@@ -327,7 +333,7 @@ class BatchLoop:
                     code="inference_error", message="the model failed on this input"
                 )
                 return {}
-            log.exception("batch of %d failed; retrying its jobs one by one", len(jobs))
+            log.exception("micro-batch of %d failed; retrying its jobs one by one", len(jobs))
         completions: dict[str, Completion] = {}
         for job, ids in zip(jobs, prompts, strict=True):
             completions.update(self._generate([job], [ids], failures))

@@ -1,4 +1,4 @@
-"""Runs the batch loop inside a Celery worker, beside (not inside) its event loop.
+"""Runs the micro-batch loop inside a Celery worker, beside (not inside) its event loop.
 
 The loop lives in the worker blueprint, so it starts once and stops only at shutdown (a
 consumer-blueprint step would be restarted on every broker reconnect). The model is loaded
@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING
 
 from celery import bootsteps
 
-from shared.jobs import Keys
-from shared.queue import JobQueue
+from shared.job_consumer import JobConsumer
 from shared.redis_client import connect
+from shared.registry import WorkerRegistry
 from shared.settings import get_settings
-from workers.flower_events import BatchEvents
+from workers.flower_tasks import FlowerTasks
 from workers.liveness import Heartbeat
 from workers.metrics import WorkerMetrics
 
 if TYPE_CHECKING:  # torch and transformers load only in a worker, not in Flower or the CLI
-    from workers.batcher import BatchLoop
+    from workers.batcher import MicroBatchLoop
     from workers.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -34,12 +34,12 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 120.0
 
 
-class BatchLoopStep(bootsteps.StartStopStep):
+class MicroBatchLoopStep(bootsteps.StartStopStep):
     """Loads the model, then serves micro-batches until the worker shuts down."""
 
     def __init__(self, parent, **kwargs) -> None:
         super().__init__(parent, **kwargs)
-        self.loop: BatchLoop | None = None
+        self.loop: MicroBatchLoop | None = None
         self.engine: Engine | None = None
         self.heartbeat: Heartbeat | None = None
         self.thread: threading.Thread | None = None
@@ -49,12 +49,15 @@ class BatchLoopStep(bootsteps.StartStopStep):
 
     def start(self, worker) -> None:
         self.thread = threading.Thread(
-            target=self._serve, args=(worker.app, worker.hostname), name="batch-loop", daemon=True
+            target=self._serve,
+            args=(worker.app, worker.hostname),
+            name="micro-batch-loop",
+            daemon=True,
         )
         self.thread.start()
 
     def _serve(self, app, worker_name: str) -> None:
-        from workers.batcher import BatchLoop
+        from workers.batcher import MicroBatchLoop
         from workers.engine import Engine, pick_device
         from workers.model_source import resolve_model_path
 
@@ -66,15 +69,17 @@ class BatchLoopStep(bootsteps.StartStopStep):
             log.exception("could not load the model; shutting down")
             os.kill(os.getpid(), signal.SIGTERM)
             return
-        queue = JobQueue(connect(settings), Keys(settings.key_prefix), settings.result_ttl_s)
+        client = connect(settings)
+        jobs = JobConsumer.from_settings(settings, client)
         metrics = WorkerMetrics(settings.served_model, worker_name, self.engine.nvml_index())
         try:
             metrics.serve(settings.worker_metrics_port)
         except OSError as exc:
             log.warning("no /metrics: port %s: %s", settings.worker_metrics_port, exc)
-        events = BatchEvents(app, worker_name)
-        self.loop = BatchLoop(settings, queue, self.engine, worker_name, events, metrics)
-        self.heartbeat = Heartbeat(queue, settings, self.loop, self.engine.describe())
+        tasks = FlowerTasks(app, worker_name)
+        self.loop = MicroBatchLoop(settings, jobs, self.engine, worker_name, tasks, metrics)
+        registry = WorkerRegistry.from_settings(settings, client)
+        self.heartbeat = Heartbeat(registry, jobs, settings, self.loop, self.engine.describe())
         self.heartbeat.start()
         if self._stopping.is_set() or self._draining:
             self.loop.request_stop()
@@ -88,7 +93,8 @@ class BatchLoopStep(bootsteps.StartStopStep):
             os.kill(os.getpid(), signal.SIGTERM)  # Celery's warm shutdown
 
     def drain(self) -> None:
-        """Stop taking work; the current batch finishes and is acked, then the worker exits."""
+        """Stop taking work; the current micro-batch finishes and is acked, then the worker
+        exits."""
         self._draining = True
         if self.loop is not None:
             self.loop.request_stop()

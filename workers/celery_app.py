@@ -1,8 +1,8 @@
 """The Celery app of the GPU workers: ``celery -A workers.celery_app worker --pool=solo``.
 
 Celery gives the fleet its worker lifecycle, remote control and Flower; the micro-batches
-themselves come from Redis Streams (kombu has no Streams transport), read by the batch
-loop that :class:`workers.bootstep.BatchLoopStep` runs beside the event loop.
+themselves come from Redis Streams (kombu has no Streams transport), read by the micro-batch
+loop that :class:`workers.bootstep.MicroBatchLoopStep` runs beside the event loop.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from celery import Celery
 
 from shared.settings import get_settings
 from workers import control  # noqa: F401  (registers the fleet_* remote-control commands)
-from workers.bootstep import BatchLoopStep
+from workers.bootstep import MicroBatchLoopStep
 
 GPU_QUEUE = "gpu"  # GPU workers consume no Celery tasks today; this keeps them off others
 
@@ -25,7 +25,7 @@ def create_celery() -> Celery:
         worker_send_task_events=True,
         worker_prefetch_multiplier=1,
     )
-    app.steps["worker"].add(BatchLoopStep)
+    app.steps["worker"].add(MicroBatchLoopStep)
     return app
 
 

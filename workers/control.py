@@ -18,7 +18,7 @@ def _step(state):
 def fleet_model(state) -> dict:
     """The loaded model, its device and counters."""
     step = _step(state)
-    return step.describe() if step is not None else {"state": "no batch loop"}
+    return step.describe() if step is not None else {"state": "no micro-batch loop"}
 
 
 @control_command()
@@ -26,6 +26,6 @@ def fleet_drain(state) -> dict:
     """Stop reading, finish the current micro-batch, then exit."""
     step = _step(state)
     if step is None:
-        return {"error": "no batch loop"}
+        return {"error": "no micro-batch loop"}
     step.drain()
     return {"ok": "draining"}

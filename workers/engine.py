@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from shared.jobs import JobInput
+from shared.protocol import JobInput
 from workers.decoding import RowOutcome, RowSampler, RowSettings, RowStopper
 
 log = logging.getLogger(__name__)

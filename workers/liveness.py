@@ -1,12 +1,12 @@
 """A worker's side thread: says it is alive, keeps its claims fresh, notices cancels.
 
-Separate from the batch loop, so a long batch never makes a live worker look dead:
+Separate from the micro-batch loop, so a long micro-batch never makes a live worker look dead:
 
 * every WORKER_HEARTBEAT_S: refresh the worker's liveness record (read by ``/readyz`` and
   ``/v1/models``) and reset the idle time of the entries it is working on, so no other
   worker claims them (they would only after CLAIM_IDLE_S without a refresh);
-* every CANCEL_POLL_S while a batch runs: read which of its jobs clients canceled, so the
-  batch stops those rows at their next token.
+* every CANCEL_POLL_S while a micro-batch runs: read which of its jobs clients canceled, so
+  the micro-batch stops those rows at their next token.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from shared.queue import JobQueue
+from shared.job_consumer import JobConsumer
+from shared.registry import WorkerRegistry
 from shared.settings import Settings
 
 if TYPE_CHECKING:
-    from workers.batcher import BatchLoop
+    from workers.batcher import MicroBatchLoop
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,16 @@ CANCEL_POLL_S = 0.1
 
 class Heartbeat:
     def __init__(
-        self, queue: JobQueue, settings: Settings, loop: BatchLoop, info: dict[str, object]
+        self,
+        registry: WorkerRegistry,
+        jobs: JobConsumer,
+        settings: Settings,
+        loop: MicroBatchLoop,
+        info: dict[str, object],
     ) -> None:
-        self.queue = queue
+        self.registry = registry
+        self.jobs = jobs
+        self.max_age_s = settings.worker_max_age_s
         self.loop = loop
         self.model = settings.served_model
         self.worker = loop.worker
@@ -50,7 +58,7 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(5)
         with contextlib.suppress(redis.RedisError):  # else the record expires on its own
-            self.queue.leave(self.model, self.worker)
+            self.registry.leave(self.model, self.worker)
 
     def _run(self) -> None:
         next_beat = 0.0
@@ -58,8 +66,8 @@ class Heartbeat:
             try:
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.interval_s
-                    self.queue.heartbeat(self.model, self.worker, self.info, 3 * self.interval_s)
-                    self.queue.touch(self.model, self.worker, self.loop.in_flight)
+                    self.registry.heartbeat(self.model, self.worker, self.info, self.max_age_s)
+                    self.jobs.touch(self.model, self.worker, self.loop.in_flight)
                 self.loop.watch_cancels()
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)

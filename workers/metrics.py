@@ -1,6 +1,6 @@
 """A worker's Prometheus ``/metrics``, on its own port (WORKER_METRICS_PORT).
 
-Batch-level series come from the batch loop; GPU utilisation and memory are read from
+Micro-batch series come from the micro-batch loop; GPU utilisation and memory are read from
 NVML at scrape time, when the worker runs on a GPU.
 """
 
@@ -53,7 +53,7 @@ class WorkerMetrics:
     def busy(self, value: bool) -> None:
         self._busy.set(1 if value else 0)
 
-    def batch(self, size: int, seconds: float, prompt_tokens: int, generated_tokens: int,
+    def micro_batch(self, size: int, seconds: float, prompt_tokens: int, generated_tokens: int,
               statuses: dict[str, int]) -> None:  # fmt: skip
         self._batch_size.observe(size)
         self._inference.observe(seconds)

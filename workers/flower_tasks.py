@@ -1,5 +1,7 @@
 """Shows each micro-batch in Flower as a task named ``workers.infer_batch``.
 
+(Flower's task events; nothing to do with the webhook events outbox.)
+
 Flower builds its task list purely from ``task-*`` events, so the batch loop, which runs
 outside Celery's task machinery, sends them itself: received (with the job ids), started,
 then succeeded (runtime, result) or failed (exception, traceback). It uses a dispatcher on
@@ -18,25 +20,25 @@ log = logging.getLogger(__name__)
 TASK_NAME = "workers.infer_batch"
 
 
-class BatchEvents:
+class FlowerTasks:
     def __init__(self, app: Celery, hostname: str) -> None:
         self.app = app
         self.hostname = hostname
         self._dispatcher = None
 
-    def started(self, batch_id: str, job_ids: list[str]) -> None:
+    def started(self, task_id: str, job_ids: list[str]) -> None:
         self._send(
-            "task-received", uuid=batch_id, name=TASK_NAME, args=repr(job_ids),
-            kwargs=repr({"batch_size": len(job_ids)}), retries=0, eta=None, root_id=batch_id,
+            "task-received", uuid=task_id, name=TASK_NAME, args=repr(job_ids),
+            kwargs=repr({"batch_size": len(job_ids)}), retries=0, eta=None, root_id=task_id,
             parent_id=None,
         )  # fmt: skip
-        self._send("task-started", uuid=batch_id)
+        self._send("task-started", uuid=task_id)
 
-    def succeeded(self, batch_id: str, runtime: float, result: dict) -> None:
-        self._send("task-succeeded", uuid=batch_id, result=repr(result), runtime=runtime)
+    def succeeded(self, task_id: str, runtime: float, result: dict) -> None:
+        self._send("task-succeeded", uuid=task_id, result=repr(result), runtime=runtime)
 
-    def failed(self, batch_id: str, exception: str, traceback: str = "") -> None:
-        self._send("task-failed", uuid=batch_id, exception=exception, traceback=traceback)
+    def failed(self, task_id: str, exception: str, traceback: str = "") -> None:
+        self._send("task-failed", uuid=task_id, exception=exception, traceback=traceback)
 
     def _send(self, event_type: str, **fields) -> None:
         try:

@@ -9,11 +9,12 @@ from datetime import UTC, datetime
 
 from standardwebhooks import Webhook
 
-from shared.jobs import rfc3339
+from shared.records import rfc3339
 from shared.settings import Settings
+from shared.states import DeliveryState
 from webhooks import metrics, ssrf, transport
 from webhooks.policy import Verdict, classify, next_delay, parse_retry_after
-from webhooks.store import Claimed, DeliveryStore, State
+from webhooks.store import Claimed, DeliveryStore
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,15 @@ def signed_headers(secret: str, delivery_id: str, body: str, now: float) -> dict
 def attempt_once(settings: Settings, claimed: Claimed) -> Verdict:
     """Resolve and check the URL anew, then POST to exactly the addresses checked."""
     if settings.webhook_secret is None:
-        return Verdict(None, "WEBHOOK_SECRET is not set on the webhook worker", State.FAILED)
+        return Verdict(
+            None, "WEBHOOK_SECRET is not set on the webhook worker", DeliveryState.FAILED
+        )
     try:
         target = ssrf.resolve(claimed.url, settings.webhook_allow_private)
     except ssrf.UnresolvableURLError as exc:  # DNS may be down for a moment: retry
         return Verdict(None, str(exc), None)
     except ssrf.UnsafeURLError as exc:
-        return Verdict(None, f"URL refused: {exc}", State.FAILED)
+        return Verdict(None, f"URL refused: {exc}", DeliveryState.FAILED)
     secret = settings.webhook_secret.get_secret_value()
     headers = signed_headers(secret, claimed.delivery_id, claimed.payload, time.time())
     try:
@@ -76,10 +79,10 @@ def run_attempt(
     if state is None:
         retry_after = parse_retry_after(verdict.retry_after, finished)
         delay = next_delay(settings.webhook_retry_schedule_s, attempt, retry_after)
-        state = State.PENDING if delay is not None else State.FAILED
+        state = DeliveryState.PENDING if delay is not None else DeliveryState.FAILED
         if delay is None:
             error = f"{verdict.error}; gave up after {attempt} attempts"
-    elif state is not State.DELIVERED:
+    elif state is not DeliveryState.DELIVERED:
         error = verdict.error
     next_at = finished + delay if delay is not None else None
     record = {

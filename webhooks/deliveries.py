@@ -1,4 +1,4 @@
-"""What the rest of the fleet calls: send an event to a URL, read back its delivery.
+"""Webhook deliveries, as the rest of the fleet makes and reads them (a Python interface).
 
 :func:`enqueue_event` checks the URL, stores the delivery and hands it to the webhook
 worker (queue ``webhooks``); it never waits for the receiver. The returned delivery id is
@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
 from celery import Celery
 
-from shared.jobs import Keys, rfc3339
+from shared.keys import Keys
+from shared.records import rfc3339
 from shared.redis_client import connect
 from shared.settings import Settings
 from webhooks import ssrf
@@ -77,24 +77,19 @@ def enqueue_event(
     return delivery_id
 
 
-def deliveries(delivery_ids: Sequence[str], settings: Settings) -> list[dict[str, Any]]:
-    """The deliveries still stored, in the order asked (expired or unknown ids are left out).
+def deliveries_of(owner: str, settings: Settings) -> list[dict[str, Any]]:
+    """The deliveries about one job or batch, oldest first, as the API shows them.
 
     Each is ``{id, url, type, state, created_at, ended_at, next_retry_at, error,
     attempts: [{attempt, at, status, error, duration_ms, next_retry_at}]}``; state is
     pending, delivered, failed or gone.
     """
-    return [d for d in _store(settings).read(list(delivery_ids)) if d is not None]
-
-
-def deliveries_of(owner: str, settings: Settings) -> list[dict[str, Any]]:
-    """The deliveries about one job or batch, oldest first (see :func:`deliveries`)."""
     store = _store(settings)
     return [d for d in store.read(store.owned_by(owner)) if d is not None]
 
 
 def delivery(delivery_id: str, settings: Settings) -> dict[str, Any] | None:
-    """One delivery (see :func:`deliveries`), or None when unknown or expired."""
+    """One delivery (see :func:`deliveries_of`), or None when unknown or expired."""
     return _store(settings).read([delivery_id])[0]
 
 

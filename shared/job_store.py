@@ -1,0 +1,120 @@
+"""The gateway's side of the job queue: submit, read and cancel jobs.
+
+Each change is one script (``submit.lua``, ``end_if.lua``, ``request_cancel.lua``); the
+worker's side is :mod:`shared.job_consumer`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import redis
+
+from shared.idempotency import IDEMPOTENCY_TTL_S, IdempotentResultExpired, replayed_id
+from shared.job_consumer import DEADLINE_ERROR, ensure_job_groups
+from shared.keys import Keys
+from shared.protocol import Job, JobInput, new_job_id
+from shared.records import job_from_record, new_record, terminal_fields
+from shared.redis_client import FleetRedis
+from shared.scripts import load, pairs
+from shared.states import JobStatus
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job: Job
+    replayed: bool  # an earlier request with this Idempotency-Key made the job
+
+
+class JobStore(FleetRedis):
+    def __init__(self, client: redis.Redis, keys: Keys, result_ttl_s: int) -> None:
+        super().__init__(client, keys, result_ttl_s)
+        self._submit = load(client, "submit")
+        self._end_if = load(client, "end_if")
+        self._request_cancel = load(client, "request_cancel")
+        self._groups: set[str] = set()  # models whose groups this process has made sure of
+
+    def ensure_groups_once(self, model: str) -> None:
+        """Before the first submit: so the lag is known (and KEDA can scale) before any
+        worker has started."""
+        if model not in self._groups:
+            ensure_job_groups(self.redis, self.keys, model)
+            self._groups.add(model)
+
+    def submit(
+        self,
+        model: str,
+        job_input: JobInput,
+        metadata: dict[str, str],
+        *,
+        timeout_s: float | None = None,
+        idempotency_key: str | None = None,
+        fingerprint: str = "",
+        extra: dict[str, str] | None = None,
+    ) -> Submitted:
+        """Queue a job. With an Idempotency-Key seen before, return that job instead."""
+        self.ensure_groups_once(model)
+        job_id = new_job_id()
+        record = new_record(job_id, model, job_input, metadata, timeout_s, extra)
+        keys = [self.keys.stream(model), self.keys.job(model, job_id), self.keys.stats(model)]
+        if idempotency_key:
+            keys.append(self.keys.idempotency(model, idempotency_key))
+        outcome, value = self._submit(
+            keys=keys, args=[job_id, fingerprint, IDEMPOTENCY_TTL_S, *pairs(record)]
+        )
+        if outcome == "created":
+            return Submitted(job_from_record(record), replayed=False)
+        prior_id = replayed_id(value, fingerprint)
+        prior = self.get(model, prior_id)
+        if prior is None:
+            raise IdempotentResultExpired(prior_id)
+        return Submitted(prior, replayed=True)
+
+    def get(self, model: str, job_id: str) -> Job | None:
+        """The job; a queued job past its deadline is expired on the way (no worker may be up)."""
+        record = self.redis.hgetall(self.keys.job(model, job_id))
+        if not record:
+            return None
+        deadline = record.get("deadline")
+        if record["status"] == JobStatus.QUEUED and deadline and float(deadline) < time.time():
+            fields = terminal_fields(status=JobStatus.EXPIRED, error=DEADLINE_ERROR)
+            self._end(model, job_id, JobStatus.QUEUED, fields)
+            record = self.redis.hgetall(self.keys.job(model, job_id)) or record
+        return job_from_record(record)
+
+    def cancel(self, model: str, job_id: str) -> Job | None:
+        """Cancel a queued job now, or ask its worker to stop a running one at its next token.
+
+        Returns the job as it stands (None if unknown); a job already terminal is unchanged.
+        """
+        status = self._end(
+            model, job_id, JobStatus.QUEUED, terminal_fields(status=JobStatus.CANCELED)
+        )
+        if status == JobStatus.RUNNING:
+            self._request_cancel(keys=[self.keys.job(model, job_id)])
+        return self.get(model, job_id) if status else None
+
+    def end_queued(self, model: str, job_ids: list[str], status: JobStatus) -> None:
+        """End those of these jobs that are still queued (a batch's cancel sweep)."""
+        fields = terminal_fields(status=status)
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            self._end(model, job_id, JobStatus.QUEUED, fields, client=pipe)
+        pipe.execute()
+
+    def _end(
+        self,
+        model: str,
+        job_id: str,
+        expected: JobStatus,
+        fields: dict[str, str],
+        client: redis.client.Pipeline | None = None,
+    ) -> str:
+        keys = self.keys
+        return self._end_if(
+            keys=[keys.job(model, job_id), keys.stats(model), keys.recent(model)],
+            args=[expected.value, self.result_ttl_s, keys.job_finished_channel, job_id,
+                  keys.base(model), *pairs(fields)],
+            client=client,
+        )  # fmt: skip

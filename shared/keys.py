@@ -1,0 +1,114 @@
+"""The Redis key scheme: every key name the fleet uses, and nothing else.
+
+Gateway, workers, the webhook worker and the Lua scripts all name keys through
+:class:`Keys`, so a key means one thing in the whole fleet. ``P`` is ``KEY_PREFIX``
+(default ``fleet``) and ``{m}`` the served model id, in braces: the model is the Redis
+Cluster hash tag, so one model's jobs, streams and counters live on one shard and every
+script touches keys of one slot. The scripts derive the keys of a job's batch and the
+model's outbox from ``P:{m}:`` (:meth:`Keys.base`); ``shared/lua/lib.lua`` mirrors those
+names and the script key test checks that it does.
+
+One model's keys (tag ``{m}``)::
+
+    P:{m}:job:{id}            hash    one job's record (shared.records); expires RESULT_TTL_S
+                                      after it reaches a terminal state
+    P:{m}:stream              stream  the interactive queue; entries are {job: id}; consumer
+                                      group "workers"; an entry is deleted once acked
+    P:{m}:batch-stream        stream  the batch queue (same shape): read only for the room
+                                      the interactive one leaves in a micro-batch
+    P:{m}:dead                stream  dead letters: entries delivered more than
+                                      MAX_DELIVERIES times, {job, entry, deliveries, at, lane}
+    P:{m}:idem:{key}          string  Idempotency-Key -> "job id fingerprint"; 24 h
+    P:{m}:idem:batch:{key}    string  the same for batches
+    P:{m}:stats               hash    counters for metrics: submitted, finished:{status},
+                                      batch:*, latency / wait histograms ({name}:{bucket})
+    P:{m}:recent              list    the last 1000 ended jobs, "completed_at latency status"
+    P:{m}:batch:{id}          hash    one batch (shared.records); expires RESULT_TTL_S after
+                                      it completes or is cancelled
+    P:{m}:batch-jobs:{id}     list    the batch's job ids, in input order
+    P:{m}:batch-results:{id}  list    one JSONL result line per ended request, in end order
+    P:{m}:events              stream  outbox of webhook events {type, id, url}, written in the
+                                      same script as the transition; consumer group "webhooks"
+    P:{m}:workers             zset    worker name -> unix time of its last heartbeat
+    P:{m}:worker:{name}       hash    what a worker serves (model, device, loaded_at); expires
+
+Fleet-wide::
+
+    P:job-finished                    channel  job ids, published when a job ends
+    P:{webhooks}:webhook:{id}         hash     one webhook delivery (webhooks.store)
+    P:{webhooks}:webhook-attempts:{id} list    that delivery's attempts, one JSON each
+    P:{webhooks}:webhook-owner:{id}   list     delivery ids about one job or batch
+    P:webhook-celery:*                (kombu)  the webhook Celery app's broker keys
+"""
+
+from __future__ import annotations
+
+from shared.states import Lane
+
+JOBS_GROUP = "workers"  # the consumer group of both job streams
+EVENTS_GROUP = "webhooks"  # the consumer group of the events outbox
+_WEBHOOKS = "{webhooks}"  # the hash tag of every webhook delivery key
+
+
+class Keys:
+    """Every Redis key name, under one prefix so fleets can share a Redis."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.job_finished_channel = f"{prefix}:job-finished"
+
+    def base(self, model: str) -> str:
+        """What every key of one model starts with; the scripts derive keys from it."""
+        return f"{self.prefix}:{{{model}}}:"
+
+    def job(self, model: str, job_id: str) -> str:
+        return f"{self.base(model)}job:{job_id}"
+
+    def stream(self, model: str, lane: Lane = Lane.INTERACTIVE) -> str:
+        return self.base(model) + ("batch-stream" if lane == Lane.BATCH else "stream")
+
+    def dead_letters(self, model: str) -> str:
+        return self.base(model) + "dead"
+
+    def idempotency(self, model: str, key: str) -> str:
+        return f"{self.base(model)}idem:{key}"
+
+    def batch_idempotency(self, model: str, key: str) -> str:
+        return f"{self.base(model)}idem:batch:{key}"
+
+    def stats(self, model: str) -> str:
+        return self.base(model) + "stats"
+
+    def recent(self, model: str) -> str:
+        return self.base(model) + "recent"
+
+    def batch(self, model: str, batch_id: str) -> str:
+        return f"{self.base(model)}batch:{batch_id}"
+
+    def batch_jobs(self, model: str, batch_id: str) -> str:
+        return f"{self.base(model)}batch-jobs:{batch_id}"
+
+    def batch_results(self, model: str, batch_id: str) -> str:
+        return f"{self.base(model)}batch-results:{batch_id}"
+
+    def events(self, model: str) -> str:
+        return self.base(model) + "events"
+
+    def workers(self, model: str) -> str:
+        return self.base(model) + "workers"
+
+    def worker(self, model: str, name: str) -> str:
+        return f"{self.base(model)}worker:{name}"
+
+    def webhook(self, delivery_id: str) -> str:
+        return f"{self.prefix}:{_WEBHOOKS}:webhook:{delivery_id}"
+
+    def webhook_attempts(self, delivery_id: str) -> str:
+        return f"{self.prefix}:{_WEBHOOKS}:webhook-attempts:{delivery_id}"
+
+    def webhook_owner(self, owner_id: str) -> str:
+        return f"{self.prefix}:{_WEBHOOKS}:webhook-owner:{owner_id}"
+
+    def webhook_broker_prefix(self) -> str:
+        """kombu's global_keyprefix for the webhooks Celery app."""
+        return f"{self.prefix}:webhook-celery:"
