@@ -6,7 +6,7 @@ import logging
 
 from flask import Flask
 
-from gateway import batches, health, jobs, metrics, openapi
+from gateway import batches, health, jobs, metrics, openai_routes, openapi
 from gateway.errors import register_error_handlers
 from gateway.extensions import Fleet
 from shared.settings import Settings, get_settings
@@ -19,7 +19,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False
     Fleet(settings).init_app(app)
     register_error_handlers(app)
-    for blueprint in (jobs.bp, batches.bp, health.bp, openapi.bp):
+    for blueprint in (jobs.bp, batches.bp, openai_routes.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     metrics.init_app(app)
     openapi.api_spec.register(app)

@@ -16,7 +16,7 @@ from gateway import batch_serving
 from gateway.errors import APIError, describe_validation_error
 from gateway.extensions import fleet
 from gateway.inputs import idempotency_key, json_body, raw_body
-from gateway.openapi import DeliveryList, ErrorBody, api_spec
+from gateway.openapi import DeliveryList, ErrorBody, documented
 from shared.idempotency import fingerprint
 from shared.protocol import Batch, BatchCreate, BatchOptions
 
@@ -27,7 +27,7 @@ ACCEPTED = "application/json, or application/x-ndjson for JSONL"
 
 
 @bp.post("")
-@api_spec.validate(
+@documented(
     json=BatchCreate,
     resp=Response(
         HTTP_202=Batch,
@@ -40,7 +40,6 @@ ACCEPTED = "application/json, or application/x-ndjson for JSONL"
         HTTP_503=ErrorBody,
     ),
     tags=["batches"],
-    skip_validation=True,
 )
 def create_batch():
     """Create a batch.
@@ -85,16 +84,14 @@ def create_batch():
 
 
 @bp.get("/<batch_id>")
-@api_spec.validate(
-    resp=Response(HTTP_200=Batch, HTTP_404=ErrorBody), tags=["batches"], skip_validation=True
-)
+@documented(resp=Response(HTTP_200=Batch, HTTP_404=ErrorBody), tags=["batches"])
 def get_batch(batch_id: str):
     """Read a batch: its status and request counts. Kept RESULT_TTL_S after it ends."""
     return jsonify(batch_serving.find(batch_id).model_dump(mode="json"))
 
 
 @bp.get("/<batch_id>/results")
-@api_spec.validate(resp=Response(HTTP_404=ErrorBody), tags=["batches"], skip_validation=True)
+@documented(resp=Response(HTTP_404=ErrorBody), tags=["batches"])
 def batch_results(batch_id: str):
     """The batch's results as JSONL, one `{custom_id, job_id, status, output, error}` per
     line, in the order the requests ended: those ended so far, all of them once the batch
@@ -107,11 +104,7 @@ def batch_results(batch_id: str):
 
 
 @bp.post("/<batch_id>/cancel")
-@api_spec.validate(
-    resp=Response(HTTP_200=Batch, HTTP_404=ErrorBody, HTTP_409=ErrorBody),
-    tags=["batches"],
-    skip_validation=True,
-)
+@documented(resp=Response(HTTP_200=Batch, HTTP_404=ErrorBody, HTTP_409=ErrorBody), tags=["batches"])
 def cancel_batch(batch_id: str):
     """Cancel a batch: requests not started end `canceled` at once, running ones finish.
     The batch is `cancelling` until then, and `cancelled` after. An ended batch is a 409."""
@@ -119,9 +112,8 @@ def cancel_batch(batch_id: str):
 
 
 @bp.get("/<batch_id>/webhook_deliveries")
-@api_spec.validate(
-    resp=Response(HTTP_200=DeliveryList, HTTP_404=ErrorBody), tags=["batches"],
-    skip_validation=True,
+@documented(
+    resp=Response(HTTP_200=DeliveryList, HTTP_404=ErrorBody), tags=["batches"]
 )  # fmt: skip
 def batch_webhook_deliveries(batch_id: str):
     """The webhooks sent about the batch itself (batch.* events), each with its attempts."""

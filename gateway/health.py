@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from spectree import Response
 
 from gateway.extensions import fleet
-from gateway.openapi import ErrorBody, api_spec
+from gateway.openapi import ErrorBody, documented
 
 bp = Blueprint("health", __name__)
 
@@ -49,9 +49,7 @@ def readyz():
 
 
 @bp.get("/v1/models")
-@api_spec.validate(
-    resp=Response(HTTP_200=ModelList, HTTP_503=ErrorBody), tags=["models"], skip_validation=True
-)
+@documented(resp=Response(HTTP_200=ModelList, HTTP_503=ErrorBody), tags=["models"])
 def list_models():
     """Models this fleet serves, with their ready workers and backlog."""
     cards = []

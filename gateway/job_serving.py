@@ -39,10 +39,10 @@ def submit(
             model, body, body.metadata, timeout_s=body.timeout_s,
             idempotency_key=idempotency_key,
             fingerprint=fingerprint(raw) if idempotency_key else "",
-            extra=webhook_fields(body.webhook, events),
+            extra=webhook_fields(body.webhook, events) | ({"stream": "1"} if body.stream else {}),
         )  # fmt: skip
     job = submitted.job
-    if wait_s and not job.status.terminal:
+    if wait_s and not body.stream and not job.status.terminal:
         job = fleet.waiter.wait(job.id, wait_s, lambda: fleet.jobs.get(model, job.id)) or job
     return Submitted(job, submitted.replayed)
 

@@ -5,19 +5,21 @@ the rest."""
 
 from __future__ import annotations
 
-from flask import Blueprint, jsonify, url_for
+from flask import Blueprint, jsonify, request, stream_with_context, url_for
+from flask import Response as FlaskResponse
 from spectree import Response
 
 from gateway import job_serving
 from gateway.inputs import idempotency_key, json_body, prefer_wait
-from gateway.openapi import DeliveryList, ErrorBody, api_spec
+from gateway.job_events import HEADERS, check_last_event_id, job_events, sse
+from gateway.openapi import DeliveryList, ErrorBody, documented
 from shared.protocol import Job, JobCreate
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
 
 @bp.post("")
-@api_spec.validate(
+@documented(
     json=JobCreate,
     resp=Response(
         HTTP_200=Job,
@@ -30,7 +32,6 @@ bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
         HTTP_503=ErrorBody,
     ),
     tags=["jobs"],
-    skip_validation=True,
 )
 def create_job():
     """Submit a job.
@@ -46,19 +47,22 @@ def create_job():
     wait_s = prefer_wait()
     key = idempotency_key()
     raw = json_body()
-    submitted = job_serving.submit(job_serving.parse(raw), raw, key, wait_s)
+    body = job_serving.parse(raw)
+    submitted = job_serving.submit(body, raw, key, wait_s)
     job = submitted.job
-    response = _job_response(job, 200 if job.status.terminal else 202, wait_s)
+    if body.stream:
+        created = sse("created", job.model_dump(mode="json"))  # no id: resuming skips nothing
+        response = _event_stream(job, "0", first=created)
+    else:
+        response = _job_response(job, 200 if job.status.terminal else 202, wait_s)
     if submitted.replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return response
 
 
 @bp.post("/<job_id>/cancel")
-@api_spec.validate(
-    resp=Response(HTTP_200=Job, HTTP_202=Job, HTTP_404=ErrorBody, HTTP_409=ErrorBody),
-    tags=["jobs"],
-    skip_validation=True,
+@documented(
+    resp=Response(HTTP_200=Job, HTTP_202=Job, HTTP_404=ErrorBody, HTTP_409=ErrorBody), tags=["jobs"]
 )
 def cancel_job(job_id: str):
     """Cancel a job.
@@ -72,22 +76,51 @@ def cancel_job(job_id: str):
 
 
 @bp.get("/<job_id>/webhook_deliveries")
-@api_spec.validate(
-    resp=Response(HTTP_200=DeliveryList, HTTP_404=ErrorBody), tags=["jobs"], skip_validation=True
-)
+@documented(resp=Response(HTTP_200=DeliveryList, HTTP_404=ErrorBody), tags=["jobs"])
 def job_webhook_deliveries(job_id: str):
     """The webhooks sent about a job: each delivery with every attempt (time, HTTP status
     or error, next retry)."""
     return jsonify(object="list", data=job_serving.webhook_deliveries(job_id))
 
 
+@bp.get("/<job_id>/events")
+@documented(resp=Response(HTTP_404=ErrorBody), tags=["jobs"])
+def job_event_stream(job_id: str):
+    """The job's text as Server-Sent Events (`text/event-stream`).
+
+    `token` events (`{"delta", "index"}`) as the text is generated, for a job submitted with
+    `"stream": true`; `restart` if a retry generates it anew (drop the text so far); then one
+    `done` event with the job object. Each event's `id` is its position: reconnect with
+    `Last-Event-ID` (header, or `last_event_id` in the query) to resume right after it, on
+    any gateway. A job that ended replays its events. A job that does not stream gets one
+    `token` with its whole text once it ends. A comment line comes every 15 s while idle.
+    """
+    job = job_serving.find(job_id)
+    after = check_last_event_id(
+        request.headers.get("Last-Event-ID") or request.args.get("last_event_id")
+    )
+    return _event_stream(job, after)
+
+
 @bp.get("/<job_id>")
-@api_spec.validate(
-    resp=Response(HTTP_200=Job, HTTP_404=ErrorBody), tags=["jobs"], skip_validation=True
-)
+@documented(resp=Response(HTTP_200=Job, HTTP_404=ErrorBody), tags=["jobs"])
 def get_job(job_id: str):
     """Read a job. Finished jobs are kept RESULT_TTL_S seconds, then 404."""
     return jsonify(job_serving.find(job_id).model_dump(mode="json"))
+
+
+def _event_stream(job: Job, after: str, first: str = ""):
+    def events():
+        if first:
+            yield first
+        yield from job_events(job, after)
+
+    response = FlaskResponse(
+        stream_with_context(events()), mimetype="text/event-stream", headers=HEADERS
+    )
+    response.headers["Location"] = url_for("jobs.get_job", job_id=job.id)
+    response.headers["Fleet-Job-Id"] = job.id
+    return response
 
 
 def _job_response(job: Job, status: int, wait_s: int | None):

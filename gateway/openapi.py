@@ -6,6 +6,9 @@ is used for documentation only (``skip_validation=True``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from flask import Blueprint, jsonify
 from pydantic import BaseModel, Field
 from spectree import SpecTree
@@ -61,6 +64,23 @@ api_spec = SpecTree(
     naming_strategy=lambda model: model.__name__,
     nested_naming_strategy=lambda _parent, child: child,
 )
+
+View = TypeVar("View", bound=Callable[..., Any])
+
+
+def documented(**spec: Any) -> Callable[[View], View]:
+    """Put a view in the OpenAPI document, without spectree's wrapper at run time: views
+    check their input themselves (to answer in the fleet's error shape), and the wrapper
+    reads every response body before it is sent, which would hold a stream back until it
+    ended (and makes every response twice). spectree finds the view's spec through
+    ``__wrapped__``."""
+
+    def decorate(view: View) -> View:
+        view.__wrapped__ = api_spec.validate(skip_validation=True, **spec)(view)  # type: ignore[attr-defined]
+        return view
+
+    return decorate
+
 
 bp = Blueprint("openapi", __name__)
 

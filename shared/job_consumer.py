@@ -40,6 +40,7 @@ class StartedJob:
     input: JobInput
     created_at: float
     deadline: float | None
+    stream: bool = False  # its text goes to its token stream as it is generated
 
 
 def ensure_job_groups(client: redis.Redis, keys: Keys, model: str) -> None:
@@ -131,13 +132,14 @@ class JobConsumer(FleetRedis):
         started, dropped = [], []
         for entry, reply in zip(entries, pipe.execute(), strict=True):
             if reply[0] == "run":
-                _, job_input, created_at, deadline = reply
+                _, job_input, created_at, deadline, stream = reply
                 started.append(
                     StartedJob(
                         entry,
                         JobInput.model_validate_json(job_input),
                         float(created_at),
                         float(deadline) if deadline else None,
+                        stream == "1",
                     )
                 )
             else:  # 'gone' or 'ended'
@@ -151,18 +153,46 @@ class JobConsumer(FleetRedis):
             pipe.hget(self.keys.job(model, job_id), "cancel_requested")
         return {j for j, flag in zip(job_ids, pipe.execute(), strict=True) if flag == "1"}
 
-    def finish(self, model: str, results: list[tuple[Entry, dict[str, str]]]) -> None:
-        """Store each job's terminal fields and ack its entry, one atomic step per job."""
+    def finish(
+        self,
+        model: str,
+        results: list[tuple[Entry, dict[str, str]]],
+        last_deltas: dict[str, tuple[str, int]] | None = None,
+    ) -> None:
+        """Store each job's terminal fields and ack its entry, one atomic step per job; a
+        streaming job's last text delta (text, index), if any, goes in the same step."""
         keys, base = self.keys, self.keys.base(model)
+        last_deltas = last_deltas or {}
         pipe = self.redis.pipeline(transaction=False)
         for entry, fields in results:
+            delta, index = last_deltas.get(entry.job_id, ("", 0))
             self._finish(
                 keys=[keys.job(model, entry.job_id), keys.stream(model, entry.lane),
                       keys.stats(model), keys.recent(model)],
                 args=[JOBS_GROUP, entry.entry_id, self.result_ttl_s, keys.job_finished_channel,
-                      entry.job_id, base, *pairs(fields)],
+                      entry.job_id, base, delta, index, *pairs(fields)],
                 client=pipe,
             )  # fmt: skip
+        pipe.execute()
+
+    def restart_tokens(self, model: str, job_ids: list[str]) -> None:
+        """Tell these jobs' stream readers to drop the text so far: it is generated anew."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.xadd(self.keys.tokens(model, job_id), {"type": "restart"})
+        pipe.execute()
+
+    def append_tokens(self, model: str, deltas: list[tuple[str, str, int]], cap: int) -> None:
+        """Append text deltas (job id, text, index) to the jobs' token streams: one round trip
+        for a whole decode step. Each stream holds at most about ``cap`` entries."""
+        pipe = self.redis.pipeline(transaction=False)
+        for job_id, delta, index in deltas:
+            pipe.xadd(
+                self.keys.tokens(model, job_id),
+                {"type": "token", "delta": delta, "index": index},
+                maxlen=cap,
+                approximate=True,
+            )
         pipe.execute()
 
     def drop(self, model: str, entries: list[Entry]) -> None:

@@ -71,6 +71,20 @@ class JobStore(FleetRedis):
             raise IdempotentResultExpired(prior_id)
         return Submitted(prior, replayed=True)
 
+    def read_tokens(
+        self, model: str, after: dict[str, str], block_ms: int | None
+    ) -> list[tuple[str, str, dict[str, str]]]:
+        """(job id, entry id, fields) of the token events after each given entry id ("0": from
+        the first), oldest first per job; waits up to ``block_ms`` for one if there is none."""
+        streams = {self.keys.tokens(model, job_id): entry for job_id, entry in after.items()}
+        reply = self.redis.xread(streams, count=256, block=block_ms)
+        prefix = len(self.keys.tokens(model, ""))
+        return [
+            (key[prefix:], entry_id, fields)
+            for key, entries in reply or []
+            for entry_id, fields in entries
+        ]
+
     def get(self, model: str, job_id: str) -> Job | None:
         """The job; a queued job past its deadline is expired on the way (no worker may be up)."""
         record = self.redis.hgetall(self.keys.job(model, job_id))

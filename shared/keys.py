@@ -27,6 +27,9 @@ One model's keys (tag ``{m}``)::
                                       it completes or is cancelled
     P:{m}:batch-jobs:{id}     list    the batch's job ids, in input order
     P:{m}:batch-results:{id}  list    one JSONL result line per ended request, in end order
+    P:{m}:tokens:{id}         stream  a streaming job's text as it is generated: {type: token,
+                                      delta, index}, {type: restart} when a retry starts it
+                                      again, and last {type: end, status}; expires with the job
     P:{m}:events              stream  outbox of webhook events {type, id, url}, written in the
                                       same script as the transition; consumer group "webhooks"
     P:{m}:workers             zset    worker name -> unix time of its last heartbeat
@@ -90,6 +93,9 @@ class Keys:
 
     def batch_results(self, model: str, batch_id: str) -> str:
         return f"{self.base(model)}batch-results:{batch_id}"
+
+    def tokens(self, model: str, job_id: str) -> str:
+        return f"{self.base(model)}tokens:{job_id}"
 
     def events(self, model: str) -> str:
         return self.base(model) + "events"

@@ -129,6 +129,11 @@ class JobCreate(JobInput):
         min_length=1,
         description="Which events to send. Default: job.completed, job.failed, job.canceled.",
     )
+    stream: bool = Field(
+        False,
+        description="Stream the text as it is generated: the answer is the job's event stream "
+        "(text/event-stream, as GET /v1/jobs/{id}/events), not the job object.",
+    )
 
     @model_validator(mode="after")
     def _events_need_webhook(self) -> JobCreate:
@@ -228,6 +233,7 @@ class Job(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     webhook: str | None = None
     webhook_events: list[str] | None = None
+    stream: bool = Field(False, description="Its text is streamed token by token.")
     urls: dict[str, str] = Field(default_factory=dict)
 
 

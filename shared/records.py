@@ -114,7 +114,11 @@ def job_from_record(record: dict[str, str]) -> Job:
         batch_size=int(record["batch_size"]) if record.get("batch_size") else None,
     )
     job_id = record["id"]
-    urls = {"get": f"/v1/jobs/{job_id}", "cancel": f"/v1/jobs/{job_id}/cancel"}
+    urls = {
+        "get": f"/v1/jobs/{job_id}",
+        "cancel": f"/v1/jobs/{job_id}/cancel",
+        "events": f"/v1/jobs/{job_id}/events",
+    }
     if record.get("webhook"):
         urls["webhook_deliveries"] = f"/v1/jobs/{job_id}/webhook_deliveries"
     return Job(
@@ -136,6 +140,7 @@ def job_from_record(record: dict[str, str]) -> Job:
         metadata=json.loads(record.get("metadata") or "{}"),
         webhook=record.get("webhook") or None,
         webhook_events=record["webhook_events"].split() if record.get("webhook") else None,
+        stream=record.get("stream") == "1",
         urls=urls,
     )
 

@@ -173,13 +173,15 @@ def run_every_script(client: redis.Redis, keys: Keys) -> set[str]:
     store, consumer = JobStore(client, keys, 60), JobConsumer(client, keys, 60)
     batches, dead = BatchStore(client, keys, 60), DeadLetters(client, keys, 60)
     webhook = webhook_fields("http://127.0.0.1:9/x", ["job.started", "job.completed"])
+    webhook["stream"] = "1"  # and its text goes to its token stream
     ids: set[str] = set()
     # submit (with an Idempotency-Key and a webhook), start, finish
     first = store.submit(MODEL, JobInput(prompt="a"), {}, idempotency_key="k1", extra=webhook)
     assert store.submit(MODEL, JobInput(prompt="a"), {}, idempotency_key="k1").replayed
     [entry] = consumer.read_next(MODEL, "w", 10, None)
     [started], _ = consumer.start(MODEL, [entry], "w")
-    consumer.finish(MODEL, [(entry, _done())])
+    consumer.append_tokens(MODEL, [(entry.job_id, "o", 0)], cap=100)
+    consumer.finish(MODEL, [(entry, _done())], {entry.job_id: ("k", 1)})
     # end_if (cancel a queued job); request_cancel (a running one)
     queued = store.submit(MODEL, JobInput(prompt="b"), {}).job
     store.cancel(MODEL, queued.id)
@@ -223,6 +225,7 @@ def names_keys_gives(keys: Keys, ids: set[str]) -> set[str]:
     for one in ids:
         names |= {keys.job(MODEL, one), keys.batch(MODEL, one), keys.batch_jobs(MODEL, one),
                   keys.batch_results(MODEL, one), keys.webhook(one), keys.webhook_owner(one),
+                  keys.tokens(MODEL, one),
                   keys.webhook_attempts(one)}  # fmt: skip
     return names
 

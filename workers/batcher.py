@@ -39,6 +39,7 @@ from shared.states import JobStatus
 from workers.engine import INTERRUPTIONS, Completion, Engine, PromptTooLong
 from workers.flower_tasks import FlowerTasks
 from workers.metrics import WorkerMetrics
+from workers.token_writer import RowSink, TokenWriter
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class MicroBatchResult:
     completions: dict[str, Completion]
     failures: dict[str, JobError]
     seconds: float
+    last_deltas: dict[str, tuple[str, int]] = field(default_factory=dict)  # streaming jobs
 
     def statuses(self) -> Counter[str]:
         return Counter(fields["status"] for _, fields in self.stored)
@@ -220,7 +222,7 @@ class MicroBatchLoop:
                 raise
             finally:
                 self._busy(None, started)
-            self.jobs.finish(self.model, result.stored)
+            self.jobs.finish(self.model, result.stored, result.last_deltas)
             self.report(task_id, result)
         finally:
             self.in_flight, self.canceled = [], set()
@@ -279,7 +281,11 @@ class MicroBatchLoop:
             self._maybe_crash(job)
             runnable.append(job)
             prompts.append(ids)
-        completions = self._generate(runnable, prompts, failures)
+        writer = None
+        if any(job.stream for job in runnable):
+            cap = self.settings.max_new_tokens_limit + 16
+            writer = TokenWriter(self.jobs, self.model, cap)
+        completions = self._generate(runnable, prompts, failures, writer)
         seconds = time.monotonic() - began
         results = []
         for job in jobs:
@@ -308,12 +314,18 @@ class MicroBatchLoop:
                     batch_size=len(jobs),
                 )
             results.append((job.entry, fields))
-        return MicroBatchResult(results, completions, failures, seconds)
+        last = writer.take_last() if writer else {}
+        return MicroBatchResult(results, completions, failures, seconds, last)
 
     def _generate(
-        self, jobs: list[StartedJob], prompts: list[list[int]], failures: dict[str, JobError]
+        self,
+        jobs: list[StartedJob],
+        prompts: list[list[int]],
+        failures: dict[str, JobError],
+        writer: TokenWriter | None = None,
     ) -> dict[str, Completion]:
-        """Run the micro-batch; if it raises, run each job alone to find the one that fails."""
+        """Run the micro-batch; if it raises, run each job alone to find the one that fails.
+        Streaming jobs send their text to ``writer`` as it is generated."""
         if not jobs:
             return {}
 
@@ -323,8 +335,11 @@ class MicroBatchLoop:
             deadline = jobs[i].deadline
             return "expired" if deadline is not None and time.time() > deadline else None
 
+        sink = None
+        if writer is not None and any(j.stream for j in jobs):
+            sink = RowSink(writer, [j.entry.job_id if j.stream else None for j in jobs])
         try:
-            outs = self.engine.generate([j.input for j in jobs], prompts, interrupt)
+            outs = self.engine.generate([j.input for j in jobs], prompts, interrupt, sink)
             return {j.entry.job_id: c for j, c in zip(jobs, outs, strict=True)}
         except Exception:
             if len(jobs) == 1:
@@ -334,9 +349,11 @@ class MicroBatchLoop:
                 )
                 return {}
             log.exception("micro-batch of %d failed; retrying its jobs one by one", len(jobs))
+        if writer is not None:
+            writer.restart([j.entry.job_id for j in jobs if j.stream])
         completions: dict[str, Completion] = {}
         for job, ids in zip(jobs, prompts, strict=True):
-            completions.update(self._generate([job], [ids], failures))
+            completions.update(self._generate([job], [ids], failures, writer))
         return completions
 
     def _maybe_crash(self, job: StartedJob) -> None:

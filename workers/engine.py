@@ -12,12 +12,14 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria
 
 from shared.protocol import JobInput
 from workers.decoding import RowOutcome, RowSampler, RowSettings, RowStopper
+from workers.text_stream import RowText, TokenStreamer
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,25 @@ INTERRUPTIONS = ("canceled", "expired")
 
 class PromptTooLong(ValueError):
     """The prompt plus max_new_tokens does not fit the model's context."""
+
+
+class TextSink(Protocol):
+    """Where the rows that stream send their text as it is generated."""
+
+    def streams(self, row: int) -> bool: ...
+    def delta(self, row: int, text: str) -> None: ...
+    def step(self) -> None: ...  # a decode step ended: send what it produced
+
+
+class _StepEnd(StoppingCriteria):
+    """Runs after the streamer at every decode step; never stops a row."""
+
+    def __init__(self, sink: TextSink) -> None:
+        self.sink = sink
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs):
+        self.sink.step()
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 @dataclass(frozen=True)
@@ -126,11 +147,13 @@ class Engine:
         jobs: list[JobInput],
         prompts: list[list[int]] | None = None,
         interrupt: Callable[[int], str | None] | None = None,
+        sink: TextSink | None = None,
     ) -> list[Completion]:
         """Run one micro-batch; each job gets its own limits, stop strings and sampling.
 
         ``interrupt(i)`` is asked every token; a reason it returns ends row i there (cancel,
-        deadline) while the other rows go on.
+        deadline) while the other rows go on. The rows ``sink`` streams get their text sent
+        there as it is generated; the deltas of a row that completes add up to its text.
         """
         prompts = prompts or [self.prompt_ids(job) for job in jobs]
         width = max(len(p) for p in prompts)
@@ -143,6 +166,13 @@ class Engine:
         stopper = RowStopper(rows, width, self.eos_ids, self.tokenizer.decode)
         if interrupt is not None:
             stopper.interrupt = interrupt
+        texts = [
+            RowText(self._decode, row.stop) if sink and sink.streams(i) else None
+            for i, row in enumerate(rows)
+        ]
+        criteria: list[StoppingCriteria] = [stopper]
+        if sink is not None and any(texts):
+            criteria += [TokenStreamer(stopper, width, texts, sink.delta), _StepEnd(sink)]
         out = self.model.generate(
             input_ids=input_ids.to(self.device),
             attention_mask=attention.to(self.device),
@@ -153,12 +183,22 @@ class Engine:
                 eos_token_id=sorted(self.eos_ids),
             ),
             logits_processor=[RowSampler(rows, self.device)],
-            stopping_criteria=[stopper],
+            stopping_criteria=criteria,
         )
-        return [
+        completions = [
             self._completion(out[i, width:].tolist(), rows[i], stopper.outcomes[i], len(prompts[i]))
             for i in range(len(rows))
         ]
+        for i, text in enumerate(texts):
+            if text is not None and completions[i].finish_reason not in INTERRUPTIONS:
+                try:
+                    sink.delta(i, text.finish(completions[i].text))  # the held-back rest
+                except AssertionError:  # a tokenizer that rewrote text it had settled
+                    log.error("row %d: its streamed text is not a prefix of its output", i)
+        return completions
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _completion(
         self, generated: list[int], row: RowSettings, outcome: RowOutcome, prompt_tokens: int
@@ -170,7 +210,7 @@ class Engine:
             finish = outcome.reason
         elif tokens and tokens[-1] in self.eos_ids:
             tokens, finish = tokens[:-1], "stop"
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        text = self._decode(tokens)
         cuts = [text.find(s) for s in row.stop if s in text]
         if cuts:
             text, finish = text[: min(cuts)], "stop"

@@ -15,6 +15,7 @@ local function job_key(base, id) return base .. 'job:' .. id end
 local function batch_key(base, id) return base .. 'batch:' .. id end
 local function batch_jobs_key(base, id) return base .. 'batch-jobs:' .. id end
 local function batch_results_key(base, id) return base .. 'batch-results:' .. id end
+local function tokens_key(base, id) return base .. 'tokens:' .. id end
 local function events_key(base) return base .. 'events' end
 
 -- One observation of a histogram kept in the stats hash (buckets are not cumulative).
@@ -63,11 +64,17 @@ local function batch_request_ended(base, batch_id, status, id, custom_id, output
 end
 
 -- After a job's terminal fields are written: TTL, stats (interactive jobs) or batch
--- counts (batch requests), the recent list, the job-finished message, the webhook event.
+-- counts (batch requests), the recent list, the end of a streaming job's token stream,
+-- the job-finished message, the webhook event.
 local function ended(job, base, stats, recent, ttl, channel, id)
   redis.call('EXPIRE', job, ttl)
   local r = redis.call('HMGET', job, 'status', 'created_at', 'completed_at', 'batch',
-                       'custom_id', 'output', 'error', 'webhook', 'webhook_events')
+                       'custom_id', 'output', 'error', 'webhook', 'webhook_events', 'stream')
+  if r[10] == '1' then
+    local tokens = tokens_key(base, id)
+    redis.call('XADD', tokens, '*', 'type', 'end', 'status', r[1])
+    redis.call('EXPIRE', tokens, ttl)
+  end
   local status = r[1]
   if r[4] then
     redis.call('HINCRBY', stats, 'batch:finished:' .. status, 1)

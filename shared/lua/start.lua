@@ -4,11 +4,13 @@
 --       [6] the deadline error (JSON), [7] the model's key base
 -- Reply: {'gone'} (no record), {'ended', status} (ended before, or now: canceled, its
 --   batch is cancelling, or expired; don't run it), or
---   {'run', input, created_at, deadline or ''}.
+--   {'run', input, created_at, deadline or '', stream ('1' or '')}.
+-- A streaming job that runs again (its worker died) gets a restart event: its clients drop
+-- the text streamed so far, as the new run streams it anew.
 -- A job of a cancelling batch is canceled here, so an entry a worker read while the
 -- batch's cancel sweep ran is canceled all the same.
 local rec = redis.call('HMGET', KEYS[1], 'status', 'input', 'created_at', 'deadline',
-                       'cancel_requested', 'batch', 'webhook', 'webhook_events')
+                       'cancel_requested', 'batch', 'webhook', 'webhook_events', 'stream')
 local status = rec[1]
 if not status then return {'gone'} end
 if TERMINAL[status] then return {'ended', status} end
@@ -34,8 +36,11 @@ if status == JOB.QUEUED and not batch then observe(KEYS[2], 'wait', now - tonumb
 if batch_status == BATCH.QUEUED then
   redis.call('HSET', batch, 'status', BATCH.IN_PROGRESS, 'in_progress_at', ARGV[1])
 end
+if rec[9] == '1' and redis.call('EXISTS', tokens_key(base, ARGV[5])) == 1 then
+  redis.call('XADD', tokens_key(base, ARGV[5]), '*', 'type', 'restart')
+end
 redis.call('HSET', KEYS[1], 'status', JOB.RUNNING, 'started_at', ARGV[1], 'worker', ARGV[2])
 if status == JOB.QUEUED and rec[7] and wants(rec[8], EVENT.JOB_STARTED) then
   emit(base, EVENT.JOB_STARTED, ARGV[5], rec[7])
 end
-return {'run', rec[2], rec[3], rec[4] or ''}
+return {'run', rec[2], rec[3], rec[4] or '', rec[9] or ''}

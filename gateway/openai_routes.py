@@ -1,0 +1,105 @@
+"""OpenAI's API under ``/openai/v1``: ``OpenAI(base_url="http://host:8000/openai/v1")``.
+
+Chat completions and completions, streamed or not, and the model list. Every error here
+is told in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, so the
+``openai`` SDK raises the matching exception (400 BadRequestError, 429 RateLimitError with
+``Retry-After``, ...). Each response names its jobs in ``Fleet-Job-Id``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, jsonify, stream_with_context
+from pydantic import BaseModel, ValidationError
+from spectree import Response as Spec
+
+from gateway import openai_serving
+from gateway.errors import APIError
+from gateway.extensions import fleet
+from gateway.inputs import json_body
+from gateway.job_events import HEADERS
+from gateway.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    InvalidRequest,
+    from_validation_error,
+    models_list,
+    openai_error,
+)
+from gateway.openapi import documented
+
+bp = Blueprint("openai", __name__, url_prefix="/openai/v1")
+STARTED = int(time.time())
+
+_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+          429: "rate_limit_error"}  # fmt: skip
+
+
+class OpenAIErrorBody(BaseModel):
+    error: dict
+
+
+@bp.post("/chat/completions")
+@documented(
+    json=ChatCompletionRequest, resp=Spec(HTTP_400=OpenAIErrorBody, HTTP_429=OpenAIErrorBody),
+    tags=["openai"]
+)  # fmt: skip
+def chat_completions():
+    """OpenAI chat completions: `messages`, `max_tokens` / `max_completion_tokens`,
+    `temperature`, `top_p`, `stop`, `seed`, `n`, `user`, `stream`, `stream_options`.
+    Parameters the fleet cannot honour (`tools`, `logprobs`, `response_format`...) are 400s."""
+    return _complete(ChatCompletionRequest)
+
+
+@bp.post("/completions")
+@documented(
+    json=CompletionRequest, resp=Spec(HTTP_400=OpenAIErrorBody, HTTP_429=OpenAIErrorBody),
+    tags=["openai"]
+)  # fmt: skip
+def completions():
+    """OpenAI (legacy) completions: `prompt` (a string or a list: one choice each), and the
+    chat fields but `messages`."""
+    return _complete(CompletionRequest)
+
+
+@bp.get("/models")
+@documented(tags=["openai"])
+def list_models():
+    """The served models, in OpenAI's list format."""
+    return jsonify(models_list(fleet.served_models(), STARTED))
+
+
+def _complete(kind: type[ChatCompletionRequest] | type[CompletionRequest]):
+    req = kind.model_validate(json_body())
+    choices = openai_serving.submit(req)
+    headers = {"Fleet-Job-Id": choices.header()}
+    if req.stream:
+        events = stream_with_context(openai_serving.stream(choices))
+        return Response(events, mimetype="text/event-stream", headers=HEADERS | headers)
+    return jsonify(openai_serving.respond(choices)), 200, headers
+
+
+@bp.errorhandler(ValidationError)
+def _invalid(exc: ValidationError):
+    return jsonify(from_validation_error(exc)), 400
+
+
+@bp.errorhandler(InvalidRequest)
+def _unsupported(exc: InvalidRequest):
+    return jsonify(exc.error()), exc.status
+
+
+@bp.errorhandler(APIError)
+def _api_error(exc: APIError):
+    """The fleet's own errors (backpressure, unknown model, bad JSON...) in OpenAI's shape."""
+    if isinstance(exc, openai_serving.OpenAIError):
+        return jsonify(exc.openai_body()), exc.status, exc.headers
+    status = exc.status
+    if exc.code == "model_not_found":
+        status = 404
+    elif status == 422:
+        status = 400
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = openai_error(exc.message, kind, exc.extra.get("param"), exc.code)
+    return jsonify(body), status, exc.headers
