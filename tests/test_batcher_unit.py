@@ -19,7 +19,7 @@ class RaisingEngine:
     def check_fits(self, ids, job) -> None:
         pass
 
-    def generate(self, jobs, prompts=None, interrupt=None):
+    def generate(self, jobs, prompts=None, interrupt=None, sink=None):
         if any(j.prompt == "boom" for j in jobs):
             raise RuntimeError("CUDA error: device-side assert triggered")
         return [Completion("ok", "length", 3, 1) for _ in jobs]

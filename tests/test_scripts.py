@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -44,7 +45,7 @@ _CALIBRATION = "#!lua\nreturn redis.call('EXISTS', KEYS[1])"
 @pytest.fixture(scope="module")
 def cluster_url(tmp_path_factory) -> Iterator[str]:
     """A redis-server in cluster mode that serves every slot itself."""
-    port, data = free_port(), tmp_path_factory.mktemp("cluster")
+    port, data = _cluster_port(), tmp_path_factory.mktemp("cluster")
     command = [
         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
         "--save", "", "--appendonly", "no", "--cluster-enabled", "yes",
@@ -63,6 +64,20 @@ def cluster_url(tmp_path_factory) -> Iterator[str]:
 @pytest.fixture
 def cluster_node(cluster_url) -> redis.Redis:
     return redis.Redis.from_url(cluster_url, decode_responses=True)
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free and valid too."""
+    for _ in range(100):
+        port = free_port()
+        if port <= 55535:
+            with socket.socket() as bus:
+                try:
+                    bus.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 def _pings(client: redis.Redis) -> bool:

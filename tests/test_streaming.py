@@ -93,10 +93,13 @@ def test_stop_strings_never_leak_into_the_stream(fleet):
 def test_sampled_streams_match_their_output(fleet):
     """Sampling wanders through the byte-level vocabulary (multi-byte pieces included): the
     deltas still add up exactly (tests/test_text_stream.py checks characters are never split)."""
+    outputs = []
     for seed in range(4):
         body = {"prompt": "Tell me", "max_new_tokens": 40, "temperature": 1.5, "seed": seed}
         _, stream = submit_streaming(fleet, body)
-        assert text_of(stream) == stream[-1].data["output"]["text"]
+        outputs.append(stream[-1].data["output"]["text"])
+        assert text_of(stream) == outputs[-1]
+    assert any(ord(char) > 127 for text in outputs for char in text), "multi-byte text seen"
 
 
 def test_an_ended_job_replays_and_resumes_after_any_event(fleet):
@@ -120,6 +123,21 @@ def test_a_stream_read_while_the_job_runs_misses_nothing(fleet):
     stream = read_events(fleet, job_id)
     assert stream[-1].event == "done"
     assert text_of(stream) == fleet.get(job_id)["output"]["text"]
+
+
+def test_a_reconnecting_client_resumes_a_running_job_where_it_left(fleet):
+    with fleet.submit({"prompt": "Go on", "max_new_tokens": 64, "stream": True},
+                      stream=True) as response:  # fmt: skip
+        job_id = response.headers["Fleet-Job-Id"]
+        first = []
+        for event in events(response):
+            if event.event == "token":
+                first.append(event)
+            if len(first) == 3:
+                break  # the client drops the connection mid-generation
+    rest = read_events(fleet, job_id, header=first[-1].id)
+    assert rest[0].data["index"] == 3 and rest[-1].event == "done"
+    assert text_of(first + rest) == fleet.get(job_id)["output"]["text"]
 
 
 def test_a_job_that_does_not_stream_is_told_once_it_ends(fleet):
