@@ -15,8 +15,11 @@ test: install redis-server promtool demo-model
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install redis-server demo-model
+	@command -v wrk >/dev/null || { echo "installing wrk"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
 	$(PY) -m bench
 	$(PY) -m bench.priority
+	$(PY) -m bench.submit
 
 status: install
 	$(PY) -m fleet.status

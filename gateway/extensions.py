@@ -23,11 +23,14 @@ class Fleet:
         self.settings = settings
         client = connect(settings)
         self.jobs = JobStore.from_settings(settings, client)
+        self.jobs.coalesce_submits()
         self.keys = self.jobs.keys
         self.batches = BatchStore.from_settings(settings, client)
         self.stats = QueueStats.from_settings(settings, client)
         self.registry = WorkerRegistry.from_settings(settings, client)
         self.backpressure = Backpressure(self.stats, settings.max_queue_depth)
+        # Each open event stream waits in XREAD on a connection of its own.
+        self.stream_reader = connect(settings, max_connections=settings.gateway_max_streams)
         # The subscriber blocks on its socket for as long as no job ends: no read timeout.
         self.waiter = JobWaiter(
             connect(settings, socket_timeout=None), self.keys.job_finished_channel

@@ -48,6 +48,6 @@ worker_connections = 2000
 timeout = 90  # longer than the longest Prefer: wait (60 s)
 graceful_timeout = 70
 keepalive = 5
-accesslog = "-"
+accesslog = "-" if _settings.gateway_access_log else None
 errorlog = "-"
 loglevel = "info"

@@ -53,7 +53,9 @@ def job_events(job: Job, after: str) -> Iterator[str]:
 def _streamed(job: Job, after: str) -> Iterator[str]:
     quiet_since = time.monotonic()
     while True:
-        events = fleet.jobs.read_tokens(job.model, {job.id: after}, READ_BLOCK_MS)
+        events = fleet.jobs.read_tokens(
+            job.model, {job.id: after}, READ_BLOCK_MS, fleet.stream_reader
+        )
         for _, entry_id, fields in events:
             after = entry_id
             kind = fields.get("type")

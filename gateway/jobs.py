@@ -5,7 +5,7 @@ the rest."""
 
 from __future__ import annotations
 
-from flask import Blueprint, jsonify, request, stream_with_context, url_for
+from flask import Blueprint, current_app, jsonify, request, stream_with_context
 from flask import Response as FlaskResponse
 from spectree import Response
 
@@ -118,15 +118,16 @@ def _event_stream(job: Job, after: str, first: str = ""):
     response = FlaskResponse(
         stream_with_context(events()), mimetype="text/event-stream", headers=HEADERS
     )
-    response.headers["Location"] = url_for("jobs.get_job", job_id=job.id)
+    response.headers["Location"] = job.urls["get"]
     response.headers["Fleet-Job-Id"] = job.id
     return response
 
 
 def _job_response(job: Job, status: int, wait_s: int | None):
-    response = jsonify(job.model_dump(mode="json"))
-    response.status_code = status
-    response.headers["Location"] = url_for("jobs.get_job", job_id=job.id)
+    response = current_app.response_class(
+        job.model_dump_json(), status=status, mimetype="application/json"
+    )
+    response.headers["Location"] = job.urls["get"]
     if wait_s:
         response.headers["Preference-Applied"] = f"wait={wait_s}"
     return response

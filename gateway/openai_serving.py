@@ -127,7 +127,7 @@ def stream(choices: Choices) -> Iterator[str]:
                 return
             open_jobs = {job_id: entry for job_id, entry in after.items() if job_id not in ended}
             for job_id, entry_id, fields in fleet.jobs.read_tokens(
-                choices.model, open_jobs, READ_BLOCK_MS
+                choices.model, open_jobs, READ_BLOCK_MS, fleet.stream_reader
             ):
                 after[job_id] = entry_id
                 kind = fields.get("type")

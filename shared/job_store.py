@@ -7,10 +7,13 @@ worker's side is :mod:`shared.job_consumer`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
+from shared.coalesce import ScriptCoalescer
 from shared.idempotency import IDEMPOTENCY_TTL_S, IdempotentResultExpired, replayed_id
 from shared.job_consumer import DEADLINE_ERROR, ensure_job_groups
 from shared.keys import Keys
@@ -30,10 +33,14 @@ class Submitted:
 class JobStore(FleetRedis):
     def __init__(self, client: redis.Redis, keys: Keys, result_ttl_s: int) -> None:
         super().__init__(client, keys, result_ttl_s)
-        self._submit = load(client, "submit")
+        self._submit: Callable[..., Any] = load(client, "submit")
         self._end_if = load(client, "end_if")
         self._request_cancel = load(client, "request_cancel")
         self._groups: set[str] = set()  # models whose groups this process has made sure of
+
+    def coalesce_submits(self) -> None:
+        """Send this process's concurrent submits as one pipeline (a busy gateway)."""
+        self._submit = ScriptCoalescer(self.redis, self._submit)
 
     def ensure_groups_once(self, model: str) -> None:
         """Before the first submit: so the lag is known (and KEDA can scale) before any
@@ -72,12 +79,17 @@ class JobStore(FleetRedis):
         return Submitted(prior, replayed=True)
 
     def read_tokens(
-        self, model: str, after: dict[str, str], block_ms: int | None
+        self,
+        model: str,
+        after: dict[str, str],
+        block_ms: int | None,
+        client: redis.Redis | None = None,
     ) -> list[tuple[str, str, dict[str, str]]]:
         """(job id, entry id, fields) of the token events after each given entry id ("0": from
-        the first), oldest first per job; waits up to ``block_ms`` for one if there is none."""
+        the first), oldest first per job; waits up to ``block_ms`` for one if there is none
+        (on ``client``, whose pool holds the connections of waiting readers)."""
         streams = {self.keys.tokens(model, job_id): entry for job_id, entry in after.items()}
-        reply = self.redis.xread(streams, count=256, block=block_ms)
+        reply = (client or self.redis).xread(streams, count=256, block=block_ms)
         prefix = len(self.keys.tokens(model, ""))
         return [
             (key[prefix:], entry_id, fields)
