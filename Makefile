@@ -20,6 +20,7 @@ bench: install redis-server demo-model
 	$(PY) -m bench
 	$(PY) -m bench.priority
 	$(PY) -m bench.submit
+	$(PY) -m bench.streaming
 
 status: install
 	$(PY) -m fleet.status
