@@ -53,7 +53,7 @@ class Choices:
 
     request: Request
     jobs: list[Job]
-    id: str = field(default_factory=lambda: "")
+    id: str  # chatcmpl-... or cmpl-...
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
