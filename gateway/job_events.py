@@ -5,7 +5,8 @@ Each event's SSE ``id`` is its Redis entry id, so a client that reconnects with
 twice. Events: ``token`` ``{"delta", "index"}``; ``restart`` (the job runs again from its
 first token after a worker died: drop the text so far); and last ``done`` with the job
 object. A job that did not ask to stream is told the same way once it ends: one ``token``
-with its whole text (id ``0-1``), then ``done`` (id ``0-2``).
+with its whole text (id ``0-1``), then ``done`` (id ``0-2``). If the stream cannot be read
+(Redis unreachable), a last ``error`` event says which id to resume after.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import re
 import time
 from collections.abc import Iterator
+
+import redis
 
 from gateway.errors import APIError
 from gateway.extensions import fleet
@@ -53,9 +56,17 @@ def job_events(job: Job, after: str) -> Iterator[str]:
 def _streamed(job: Job, after: str) -> Iterator[str]:
     quiet_since = time.monotonic()
     while True:
-        events = fleet.jobs.read_tokens(
-            job.model, {job.id: after}, READ_BLOCK_MS, fleet.stream_reader
-        )
+        try:
+            events = fleet.jobs.read_tokens(
+                job.model, {job.id: after}, READ_BLOCK_MS, fleet.stream_reader
+            )
+        except redis.RedisError as exc:  # Redis down, or GATEWAY_MAX_STREAMS streams open
+            yield sse("error", {
+                "code": "stream_unavailable",
+                "message": f"the job's stream cannot be read now ({exc}); reconnect with "
+                f"Last-Event-ID: {after} to resume where it broke off",
+            })  # fmt: skip
+            return
         for _, entry_id, fields in events:
             after = entry_id
             kind = fields.get("type")

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import redis
 from flask import request
 
 from gateway import job_serving
@@ -126,9 +127,15 @@ def stream(choices: Choices) -> Iterator[str]:
             if client_gone():
                 return
             open_jobs = {job_id: entry for job_id, entry in after.items() if job_id not in ended}
-            for job_id, entry_id, fields in fleet.jobs.read_tokens(
-                choices.model, open_jobs, READ_BLOCK_MS, fleet.stream_reader
-            ):
+            try:
+                events = fleet.jobs.read_tokens(
+                    choices.model, open_jobs, READ_BLOCK_MS, fleet.stream_reader
+                )
+            except redis.RedisError as exc:  # its jobs are canceled below: nothing resumes
+                message = f"the stream broke off ({exc}); retry the request"
+                yield sse(openai_error(message, "server_error", None, "stream_unavailable"))
+                return
+            for job_id, entry_id, fields in events:
                 after[job_id] = entry_id
                 kind = fields.get("type")
                 if kind == "restart":

@@ -85,3 +85,19 @@ def test_settings_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("MAX_BATCH_SIZE", "0")
     with pytest.raises(ValidationError, match="max_batch_size"):
         Settings()
+
+
+def test_a_stream_that_cannot_be_read_says_where_to_resume(redis_url):
+    app, client = _client(redis_url=redis_url, gateway_max_streams=1)
+    submitted = client.post("/v1/jobs", json={"prompt": "x", "stream": True})
+    job_id = submitted.headers["Fleet-Job-Id"]
+    submitted.close()
+    pool = app.extensions["fleet"].stream_reader.connection_pool
+    held = pool.get_connection()  # the one stream this process may hold is taken
+    try:
+        response = client.get(f"/v1/jobs/{job_id}/events")
+        last = response.get_data(as_text=True).strip().split("\n\n")[-1]
+    finally:
+        pool.release(held)
+    assert last.startswith("event: error")
+    assert '"code":"stream_unavailable"' in last and "Last-Event-ID: 0" in last
