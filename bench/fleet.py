@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 import requests
@@ -31,6 +32,7 @@ WAIT_S = 60
 TIMEOUT_S = WAIT_S + 30  # one HTTP request
 JOB_LIMIT_S = 600  # one job, polling included: past this the fleet is stuck, not slow
 READY_TIMEOUT_S = 300
+T = TypeVar("T")
 LOG_ERROR = re.compile(r"\b(ERROR|CRITICAL|Traceback)\b")
 LOG_WARNING = re.compile(r"\bWARNING(?:/\w+)?\]?(.*)")
 
@@ -177,11 +179,15 @@ def _one_job(http: requests.Session, base_url: str, index: int) -> Sample:
     )
 
 
-def run_level(base_url: str, concurrency: int, jobs: int) -> LevelResult:
-    """``concurrency`` clients share ``jobs`` requests, each client one at a time."""
+def closed_loop(
+    concurrency: int, jobs: int, one: Callable[[requests.Session, int], T]
+) -> tuple[list[T], list[str], float]:
+    """``concurrency`` clients share ``jobs`` calls of ``one(session, index)``, each client
+    one at a time (so the concurrency is the number of clients). Returns the results, the
+    errors and the wall time."""
     counter = iter(range(jobs))
     lock = threading.Lock()
-    samples: list[Sample] = []
+    results: list[T] = []
     errors: list[str] = []
 
     def client() -> None:
@@ -192,19 +198,26 @@ def run_level(base_url: str, concurrency: int, jobs: int) -> LevelResult:
                 if index is None:
                     return
                 try:
-                    sample = _one_job(http, base_url, index)
+                    result = one(http, index)
                 except (requests.RequestException, RuntimeError, KeyError, ValueError) as exc:
                     with lock:
                         errors.append(str(exc))
                     continue
                 with lock:
-                    samples.append(sample)
+                    results.append(result)
 
     began = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         for future in [pool.submit(client) for _ in range(concurrency)]:
             future.result()
-    wall = time.perf_counter() - began
+    return results, errors, time.perf_counter() - began
+
+
+def run_level(base_url: str, concurrency: int, jobs: int) -> LevelResult:
+    """``concurrency`` clients share ``jobs`` requests, each client one at a time."""
+    samples, errors, wall = closed_loop(
+        concurrency, jobs, lambda http, index: _one_job(http, base_url, index)
+    )
     if not samples:
         raise RuntimeError(f"every job failed at concurrency {concurrency}: {errors[:3]}")
     latencies = [s.seconds for s in samples]

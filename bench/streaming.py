@@ -16,14 +16,12 @@ import argparse
 import json
 import socket
 import statistics
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import requests
 
-from bench.fleet import percentile, running_fleet
+from bench.fleet import closed_loop, percentile, running_fleet
 
 NEW_TOKENS = 32
 SETTINGS = {"MAX_BATCH_SIZE": "16", "MAX_BATCH_WAIT_MS": "20", "MAX_QUEUE_DEPTH": "100000"}
@@ -65,30 +63,14 @@ def wait_one(http: requests.Session, base: str, index: int) -> tuple[float, dict
     return time.perf_counter() - began, job
 
 
-def closed_loop(base: str, clients: int, jobs: int, stream: bool) -> dict:
+def run_clients(base: str, clients: int, jobs: int, stream: bool) -> dict:
     """``clients`` threads share ``jobs`` requests, one at a time each."""
-    counter, lock = iter(range(jobs)), threading.Lock()
-    firsts: list[float] = []
-    done: list[dict] = []
     one = stream_one if stream else wait_one
-
-    def client() -> None:
-        with requests.Session() as http:
-            while True:
-                with lock:
-                    index = next(counter, None)
-                if index is None:
-                    return
-                seconds, job = one(http, base, index)
-                with lock:
-                    firsts.append(seconds)
-                    done.append(job)
-
-    began = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        for future in [pool.submit(client) for _ in range(clients)]:
-            future.result()
-    wall = time.perf_counter() - began
+    results, errors, wall = closed_loop(clients, jobs, lambda http, i: one(http, base, i))
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {jobs} jobs failed: {errors[0]}")
+    firsts = [seconds for seconds, _ in results]
+    done = [job for _, job in results]
     tokens = sum(j["output"]["usage"]["completion_tokens"] for j in done)
     step_s = statistics.mean(
         j["metrics"]["inference_seconds"] / j["output"]["usage"]["completion_tokens"] for j in done
@@ -151,12 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, object] = {}
     with running_fleet(SETTINGS) as fleet:
         base = fleet.base_url
-        closed_loop(base, 4, 8, stream=True)  # warm up
+        run_clients(base, 4, 8, stream=True)  # warm up
         progress("time to first token, 1 client")
-        results["stream_1"] = closed_loop(base, 1, 12, stream=True)
+        results["stream_1"] = run_clients(base, 1, 12, stream=True)
         progress("16 clients, streaming and not (the same jobs)")
-        results["stream_16"] = closed_loop(base, 16, args.jobs, stream=True)
-        results["wait_16"] = closed_loop(base, 16, args.jobs, stream=False)
+        results["stream_16"] = run_clients(base, 16, args.jobs, stream=True)
+        results["wait_16"] = run_clients(base, 16, args.jobs, stream=False)
         results["stream_vs_wait_throughput"] = round(
             results["stream_16"]["tokens_per_s"] / results["wait_16"]["tokens_per_s"], 3
         )
