@@ -70,7 +70,7 @@ def measure_engine(batch_sizes: list[int], repeats: int) -> list[EngineResult]:
     import torch
 
     from workers import demo_model
-    from workers.engine import Engine
+    from workers.transformers_engine import TransformersEngine as Engine
 
     engine = Engine(str(demo_model.build()), torch.device("cpu"))
     try:

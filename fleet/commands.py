@@ -14,6 +14,17 @@ from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
+# The vLLM engine pins its own torch and transformers, so its workers run from their own
+# virtualenv (``make vllm-env``); the gateway and everything else keep .venv.
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+
+
+def worker_engine(settings: Settings, gpus: int) -> str:
+    """ENGINE resolved for a local worker: auto is vllm where .venv-vllm exists and a GPU is
+    present, else transformers."""
+    if settings.engine != "auto":
+        return settings.engine
+    return "vllm" if gpus and VLLM_PYTHON.exists() else "transformers"
 
 
 def redis_server(port: int, data_dir: Path) -> list[str]:
@@ -31,10 +42,12 @@ def redis_server(port: int, data_dir: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def worker(name: str, loglevel: str = "info") -> list[str]:
-    """One GPU worker: solo pool, so the model and CUDA live in the one process."""
+def worker(name: str, loglevel: str = "info", engine: str = "transformers") -> list[str]:
+    """One GPU worker: solo pool, so the model and CUDA live in the one process. A vllm
+    worker runs on .venv-vllm's Python (set ENGINE=vllm in its environment too)."""
+    python = str(VLLM_PYTHON) if engine == "vllm" else PYTHON
     return [
-        PYTHON, "-m", "celery", "-A", "workers.celery_app", "worker",
+        python, "-m", "celery", "-A", "workers.celery_app", "worker",
         "--pool=solo", f"--hostname={name}", "--queues=gpu", f"--loglevel={loglevel}",
     ]  # fmt: skip
 

@@ -32,7 +32,7 @@ from prometheus_client import start_http_server
 from fleet import commands
 from fleet.autoscaler import Autoscaler
 from fleet.supervisor import Service, Supervisor
-from fleet.worker_pool import WorkerPool
+from fleet.worker_pool import WorkerPool, visible_gpus
 from shared.settings import Settings, get_settings
 from shared.stats import QueueStats
 from workers import demo_model
@@ -215,7 +215,8 @@ def wait_ready(
         f"  metrics   {base}/metrics  (worker: "
         f"http://127.0.0.1:{settings.worker_metrics_port}/metrics{webhook_metrics})",
         f"  redis     {settings.effective_redis_url}",
-        f"  model     {settings.served_model}",
+        f"  model     {settings.served_model}   (engine: "
+        f"{commands.worker_engine(settings, visible_gpus())})",
         f"  webhooks  {commands.webhook_worker_name()}",
         *(f"  webhooks  {note}" for note in notes),
         "  try:      curl -s -H 'Content-Type: application/json' -H 'Prefer: wait=30' "

@@ -76,12 +76,37 @@ class Settings(BaseSettings):
         None, description="Id clients use for the model. Default: MODEL, or the demo id."
     )
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="Torch device.")
+    engine: str = Field(
+        "auto",
+        pattern=r"^(auto|transformers|vllm)$",
+        description="transformers: micro-batches of generate(); vllm: continuous batching "
+        "(its own virtualenv, .venv-vllm); auto: vllm where it is installed and a GPU is present.",
+    )
+    worker_threads: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="Torch intra-op threads of a CPU worker (0: its share of the cores, the "
+        "cores divided by the workers that share them, at least 1).",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of the GPU's memory vLLM may take (weights + KV)."
+    )
+    vllm_max_model_len: int | None = Field(
+        None, ge=16, description="vLLM's context length. Default: the model's."
+    )
     cache_dir: Path = Field(
         default_factory=_default_cache_dir, description="Where the demo model is built."
     )
 
     # --- batching and limits -------------------------------------------------------------
-    max_batch_size: int = Field(16, ge=1, le=256, description="Most jobs in one micro-batch.")
+    max_batch_size: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="Most jobs in one micro-batch (transformers), or sequences running at once "
+        "(vllm).",
+    )
     max_batch_wait_ms: int = Field(
         20, ge=0, le=10_000, description="Longest wait for a micro-batch to fill."
     )

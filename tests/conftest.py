@@ -116,7 +116,8 @@ def start_fleet(redis_url: str, logs: Path, prefix: str, **settings: object):
         **settings,
     )
     name = f"test-{prefix}@localhost"
-    worker = Process("worker", commands.worker(name), env, logs / f"{prefix}-worker.log")
+    argv = commands.worker(name, engine=str(settings.get("engine", "transformers")))
+    worker = Process("worker", argv, env, logs / f"{prefix}-worker.log")
     gateway = Process("gateway", commands.gateway(), env, logs / f"{prefix}-gateway.log")
     base = f"http://127.0.0.1:{port}"
 

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from shared.protocol import JobInput
-from workers.engine import Engine, PromptTooLong
+from workers.engine import PromptTooLong
+from workers.transformers_engine import TransformersEngine as Engine
 
 PROMPTS = ["Hello", "The queue worker runs quickly and the model", "A", "Stream redis job prompt"]
 

@@ -76,9 +76,8 @@ class FaultFleet:
         subscribed.wait(10)
 
     def start_worker(self, name: str) -> Process:
-        proc = Process(
-            name, commands.worker(name), self.env, self.logs / f"{name}-{time.time()}.log"
-        )
+        argv = commands.worker(name, engine=self.env.get("ENGINE", "transformers"))
+        proc = Process(name, argv, self.env, self.logs / f"{name}-{time.time()}.log")
         self.workers[name] = proc
         return proc
 

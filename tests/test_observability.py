@@ -102,7 +102,9 @@ def test_flower_shows_the_worker_online_while_it_generates(fleet, flower):
         return status.get(fleet.worker) is True
 
     wait_until(online, 60, "flower never saw the worker")
-    jobs = [fleet.submit({"prompt": f"Busy {i}", "max_new_tokens": 512}).json() for i in range(4)]
+    # Two micro-batches of the longest jobs (MAX_BATCH_SIZE is 8): long enough to watch.
+    body = {"max_new_tokens": 512}
+    jobs = [fleet.submit(body | {"prompt": f"Busy {i}"}).json() for i in range(16)]
     checks_while_busy = 0
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and checks_while_busy < 6:
@@ -110,6 +112,8 @@ def test_flower_shows_the_worker_online_while_it_generates(fleet, flower):
             assert online(), "flower shows a generating worker offline"
             checks_while_busy += 1
         time.sleep(1)
+    for job in jobs:  # the rest would only delay the next tests
+        fleet.http.post(fleet.url(f"/v1/jobs/{job['id']}/cancel"), timeout=10)
     assert checks_while_busy >= 6, "the batch was too short to observe"
     for job in jobs:
         fleet.wait_done(job["id"])

@@ -13,8 +13,8 @@ from transformers import AutoTokenizer, StoppingCriteriaList
 from shared.protocol import JobInput
 from workers import demo_model
 from workers.decoding import RowSettings, RowStopper
-from workers.engine import Engine
 from workers.text_stream import RowText, TokenStreamer
+from workers.transformers_engine import TransformersEngine as Engine
 
 Decode = Callable[[list[int]], str]
 FFFD = "\ufffd"
@@ -308,13 +308,13 @@ def streaming_generate(
 
 
 def test_engine_streams_each_row_of_a_micro_batch(engine, monkeypatch):
-    probe = engine.generate([JobInput(prompt="The queue worker", max_new_tokens=16)])[0].text
-    at = next(i for i in range(6, len(probe) - 1) if FFFD not in probe[i : i + 2])
+    probe = engine.generate([JobInput(prompt="The queue worker", max_new_tokens=24)])[0].text
+    at = next(i for i in range(14, len(probe) - 1) if FFFD not in probe[i : i + 2])
     stop = probe[at : at + 2]
     jobs = [
         JobInput(prompt="Hello", max_new_tokens=6),
-        JobInput(prompt="The queue worker", max_new_tokens=16, stop=[stop]),
-        JobInput(prompt="Cat dog", max_new_tokens=20),
+        JobInput(prompt="The queue worker", max_new_tokens=24, stop=[stop]),
+        JobInput(prompt="Redis job", max_new_tokens=20),
     ]
     completions, sent, before_finish = streaming_generate(engine, jobs, monkeypatch)
     assert [c.finish_reason for c in completions] == ["length", "stop", "length"]

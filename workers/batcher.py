@@ -146,13 +146,22 @@ class MicroBatchLoop:
                 if retries:
                     self.run_retries(retries)
                 else:
-                    self.run_micro_batch(self.next_micro_batch())
+                    self.serve_next()
                 failures = 0
             except redis.RedisError as exc:
                 delay = RECONNECT_DELAY_S[min(failures, len(RECONNECT_DELAY_S) - 1)]
                 log.warning("redis unavailable (%s); retrying in %ss", exc, delay)
                 failures, recovering = failures + 1, True
+                self.abandon_running()
                 self._stop.wait(delay)
+
+    def serve_next(self) -> None:
+        """Take new work and run it: here, one whole micro-batch."""
+        self.run_micro_batch(self.next_micro_batch())
+
+    def abandon_running(self) -> None:
+        """After a Redis outage, whatever still runs is read again from own pending; a
+        micro-batch has already ended by then, so there is nothing to drop here."""
 
     # --- steps ---------------------------------------------------------------------------
 
@@ -269,14 +278,9 @@ class MicroBatchLoop:
         failures: dict[str, JobError] = {}
         runnable, prompts = [], []
         for job in jobs:
-            try:
-                ids = self.engine.prompt_ids(job.input)
-                self.engine.check_fits(ids, job.input)
-            except PromptTooLong as exc:
-                failures[job.entry.job_id] = JobError(code="prompt_too_long", message=str(exc))
-                continue
-            except Exception as exc:  # a template or tokenizer error on this input alone
-                failures[job.entry.job_id] = JobError(code="invalid_input", message=str(exc))
+            ids = self.prompt_of(job)
+            if isinstance(ids, JobError):
+                failures[job.entry.job_id] = ids
                 continue
             self._maybe_crash(job)
             runnable.append(job)
@@ -287,35 +291,31 @@ class MicroBatchLoop:
             writer = TokenWriter(self.jobs, self.model, cap)
         completions = self._generate(runnable, prompts, failures, writer)
         seconds = time.monotonic() - began
-        results = []
-        for job in jobs:
-            job_id = job.entry.job_id
-            completion = completions.get(job_id)
-            if completion is not None and completion.finish_reason in INTERRUPTIONS:
-                expired = completion.finish_reason == "expired"
-                fields = terminal_fields(
-                    status=JobStatus.EXPIRED if expired else JobStatus.CANCELED,
-                    error=DEADLINE_ERROR if expired else None,
-                    inference_seconds=seconds,
-                    batch_size=len(jobs),
-                )
-            elif completion is not None:
-                fields = terminal_fields(
-                    status=JobStatus.SUCCEEDED,
-                    output=_output(completion),
-                    inference_seconds=seconds,
-                    batch_size=len(jobs),
-                )
-            else:
-                fields = terminal_fields(
-                    status=JobStatus.FAILED,
-                    error=failures[job_id],
-                    inference_seconds=seconds,
-                    batch_size=len(jobs),
-                )
-            results.append((job.entry, fields))
+        results = [
+            (
+                job.entry,
+                terminal_result(
+                    completions.get(job.entry.job_id),
+                    failures.get(job.entry.job_id),
+                    seconds,
+                    len(jobs),
+                ),
+            )
+            for job in jobs
+        ]
         last = writer.take_last() if writer else {}
         return MicroBatchResult(results, completions, failures, seconds, last)
+
+    def prompt_of(self, job: StartedJob) -> list[int] | JobError:
+        """The job's prompt ids, or why its input cannot run (then it fails alone)."""
+        try:
+            ids = self.engine.prompt_ids(job.input)
+            self.engine.check_fits(ids, job.input)
+        except PromptTooLong as exc:
+            return JobError(code="prompt_too_long", message=str(exc))
+        except Exception as exc:  # a template or tokenizer error on this input alone
+            return JobError(code="invalid_input", message=str(exc))
+        return ids
 
     def _generate(
         self,
@@ -362,6 +362,32 @@ class MicroBatchLoop:
         if marker and marker in (job.input.prompt or ""):
             log.error("fault injection: crashing on job %s", job.entry.job_id)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def terminal_result(
+    completion: Completion | None, error: JobError | None, seconds: float, batch_size: int
+) -> dict[str, str]:
+    """A job's terminal fields: succeeded with its output, canceled or expired (its run was
+    interrupted), or failed with its error."""
+    if completion is not None and completion.finish_reason in INTERRUPTIONS:
+        expired = completion.finish_reason == "expired"
+        return terminal_fields(
+            status=JobStatus.EXPIRED if expired else JobStatus.CANCELED,
+            error=DEADLINE_ERROR if expired else None,
+            inference_seconds=seconds,
+            batch_size=batch_size,
+        )
+    if completion is not None:
+        return terminal_fields(
+            status=JobStatus.SUCCEEDED,
+            output=_output(completion),
+            inference_seconds=seconds,
+            batch_size=batch_size,
+        )
+    assert error is not None, "a job ends with a completion or an error"
+    return terminal_fields(
+        status=JobStatus.FAILED, error=error, inference_seconds=seconds, batch_size=batch_size
+    )
 
 
 def _output(c: Completion) -> Output:

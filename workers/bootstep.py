@@ -25,7 +25,7 @@ from workers.flower_tasks import FlowerTasks
 from workers.liveness import Heartbeat
 from workers.metrics import WorkerMetrics
 
-if TYPE_CHECKING:  # torch and transformers load only in a worker, not in Flower or the CLI
+if TYPE_CHECKING:  # torch and an engine load only in a worker, not in Flower or the CLI
     from workers.batcher import MicroBatchLoop
     from workers.engine import Engine
 
@@ -43,6 +43,7 @@ class MicroBatchLoopStep(bootsteps.StartStopStep):
         self.engine: Engine | None = None
         self.heartbeat: Heartbeat | None = None
         self.thread: threading.Thread | None = None
+        self.threads: int | None = None  # torch intra-op threads, once set
         self._stopping = threading.Event()
         self._draining = False
         parent.fleet_step = self  # for the remote-control commands in workers.control
@@ -57,13 +58,12 @@ class MicroBatchLoopStep(bootsteps.StartStopStep):
         self.thread.start()
 
     def _serve(self, app, worker_name: str) -> None:
-        from workers.batcher import MicroBatchLoop
-        from workers.engine import Engine, pick_device
-        from workers.model_source import resolve_model_path
+        from workers.cpu_share import limit_threads
 
         settings = get_settings()
         try:
-            self.engine = Engine(resolve_model_path(settings), pick_device(settings.device))
+            self.threads = limit_threads(settings)
+            self.engine = load_engine(settings)
             self.engine.warm_up()
         except Exception:
             log.exception("could not load the model; shutting down")
@@ -77,7 +77,8 @@ class MicroBatchLoopStep(bootsteps.StartStopStep):
         except OSError as exc:
             log.warning("no /metrics: port %s: %s", settings.worker_metrics_port, exc)
         tasks = FlowerTasks(app, worker_name)
-        self.loop = MicroBatchLoop(settings, jobs, self.engine, worker_name, tasks, metrics)
+        loop_class = loop_for(self.engine)
+        self.loop = loop_class(settings, jobs, self.engine, worker_name, tasks, metrics)
         registry = WorkerRegistry.from_settings(settings, client)
         self.heartbeat = Heartbeat(registry, jobs, settings, self.loop, self.engine.describe())
         self.heartbeat.start()
@@ -114,9 +115,45 @@ class MicroBatchLoopStep(bootsteps.StartStopStep):
         """The worker's model, device and counters, for inspect stats and Flower."""
         state = "loading" if self.loop is None else ("busy" if self.loop.busy_since else "idle")
         out: dict = {"state": state, "model": get_settings().served_model}
+        if self.threads is not None:
+            out["torch_threads"] = self.threads
         if self.engine is not None:
             out.update(self.engine.describe())
             out.update(self.engine.memory())
         if self.loop is not None:
             out.update(self.loop.stats.as_dict())
         return out
+
+
+def load_engine(settings) -> Engine:
+    """The engine ENGINE names (auto: vllm where installed and a GPU is present)."""
+    from workers.engine import choose_engine
+    from workers.model_source import resolve_model_path
+
+    engine = choose_engine(settings.engine)
+    path = resolve_model_path(settings)
+    if engine == "vllm":
+        from workers.vllm_engine import VllmEngine
+
+        device = "cpu" if settings.device == "cpu" or not _has_cuda() else "cuda"
+        return VllmEngine(path, settings, device)
+    from workers.transformers_engine import TransformersEngine, pick_device
+
+    return TransformersEngine(path, pick_device(settings.device))
+
+
+def loop_for(engine: Engine) -> type[MicroBatchLoop]:
+    """Micro-batches for the transformers engine; per-step feeding for a continuous one."""
+    if engine.continuous:
+        from workers.continuous import ContinuousLoop
+
+        return ContinuousLoop
+    from workers.batcher import MicroBatchLoop
+
+    return MicroBatchLoop
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

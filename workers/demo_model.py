@@ -24,7 +24,7 @@ from shared.settings import get_settings
 
 log = logging.getLogger(__name__)
 
-BUILD_VERSION = "v2"  # bump when the recipe changes, so caches are rebuilt
+BUILD_VERSION = "v3"  # bump when the recipe changes, so caches are rebuilt
 GROUP_SIZE = 32
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -152,10 +152,12 @@ def _random_model(tokenizer, out: Path) -> None:
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
+        # vLLM's CPU gated-delta-net kernel takes linear-attention head dims of 64 or 128
+        # only, so both engines can load this one checkpoint.
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
         max_position_embeddings=4096,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=eos,

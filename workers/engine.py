@@ -1,28 +1,24 @@
-"""One loaded AWQ model and the batched generation a micro-batch runs through.
+"""What every engine shares: the completion it returns, prompt building, context checks, and
+which engine a worker runs (ENGINE).
 
-AWQ checkpoints load through transformers 5, which hands ``quant_method: awq`` to
-gptqmodel's kernels (Marlin/GEMM on CUDA, a Torch kernel on CPU). autoawq is archived and
-cannot load into transformers 5.
+Two engines serve the same jobs:
+
+- ``transformers`` (:mod:`workers.transformers_engine`): micro-batches, one ``generate()``
+  each, run by :class:`workers.batcher.MicroBatchLoop`; any machine, .venv;
+- ``vllm`` (:mod:`workers.vllm_engine`): vLLM's engine, fed one decode step at a time by
+  :class:`workers.continuous.ContinuousLoop` (continuous batching); .venv-vllm, which pins
+  vLLM's own torch and transformers.
+
+Neither module is imported here: each needs its own environment.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import time
-from collections.abc import Callable
+import importlib.util
 from dataclasses import dataclass
-from typing import Protocol
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, StoppingCriteria
+from typing import Any, Protocol
 
 from shared.protocol import JobInput
-from workers.decoding import RowOutcome, RowSampler, RowSettings, RowStopper
-from workers.text_stream import RowText, TokenStreamer
-
-log = logging.getLogger(__name__)
-
 
 INTERRUPTIONS = ("canceled", "expired")
 
@@ -39,17 +35,6 @@ class TextSink(Protocol):
     def step(self) -> None: ...  # a decode step ended: send what it produced
 
 
-class _StepEnd(StoppingCriteria):
-    """Runs after the streamer at every decode step; never stops a row."""
-
-    def __init__(self, sink: TextSink) -> None:
-        self.sink = sink
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs):
-        self.sink.step()
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-
 @dataclass(frozen=True)
 class Completion:
     text: str
@@ -58,166 +43,37 @@ class Completion:
     completion_tokens: int
 
 
-def pick_device(setting: str) -> torch.device:
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(setting)
+def choose_engine(setting: str) -> str:
+    """ENGINE=auto is vllm where vLLM is installed (this process runs in .venv-vllm or a
+    vLLM image) and a GPU is present; transformers otherwise."""
+    if setting != "auto":
+        return setting
+    if importlib.util.find_spec("vllm") is None:
+        return "transformers"
+    import torch
+
+    return "vllm" if torch.cuda.is_available() else "transformers"
 
 
-class Engine:
-    """A model and its tokenizer, loaded once per worker process."""
-
-    def __init__(self, model_path: str, device: torch.device) -> None:
-        os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(2, os.cpu_count() or 2)))
-        started = time.monotonic()
-        self.model_path = model_path
-        self.device = device
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.tokenizer.padding_side = "left"
-        # AWQ kernels want float16 on CUDA; the CPU kernel runs in bfloat16 or float32.
-        dtype = torch.float16 if device.type == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=dtype, device_map={"": str(device)}
+def prompt_ids(tokenizer: Any, job: JobInput) -> list[int]:
+    """The job's prompt as token ids: its messages through the chat template, or its text."""
+    if job.messages is not None:
+        text = tokenizer.apply_chat_template(
+            [m.model_dump() for m in job.messages], add_generation_prompt=True, tokenize=False
         )
-        self.model.eval()
-        config = self.model.config
-        self.max_context = int(getattr(config, "max_position_embeddings", 0) or 32_768)
-        gen_config = self.model.generation_config
-        eos = (
-            gen_config.eos_token_id if gen_config.eos_token_id is not None else config.eos_token_id
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(job.prompt)["input_ids"]
+
+
+def check_fits(ids: list[int], job: JobInput, max_context: int) -> None:
+    if len(ids) + job.max_new_tokens > max_context:
+        raise PromptTooLong(
+            f"prompt has {len(ids)} tokens; with max_new_tokens={job.max_new_tokens} "
+            f"that exceeds the model's context of {max_context} tokens"
         )
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else min(self.eos_ids)
-        self.load_seconds = time.monotonic() - started
-        log.info("loaded %s on %s in %.1fs", model_path, device, self.load_seconds)
-
-    def describe(self) -> dict[str, object]:
-        """What this engine serves, for stats and the model's inspect command."""
-        config = self.model.config
-        return {
-            "model_path": self.model_path,
-            "architecture": (config.architectures or [config.model_type])[0],
-            "device": str(self.device),
-            "dtype": str(self.model.dtype).removeprefix("torch."),
-            "quantization": _quantization(config),
-            "parameters": sum(p.numel() for p in self.model.parameters()),
-            "max_context": self.max_context,
-        }
-
-    def memory(self) -> dict[str, int]:
-        """GPU memory this process holds, and the device's total (empty on CPU)."""
-        if self.device.type != "cuda":
-            return {}
-        return {
-            "gpu_memory_used_bytes": torch.cuda.memory_reserved(self.device),
-            "gpu_memory_total_bytes": torch.cuda.get_device_properties(self.device).total_memory,
-        }
-
-    def nvml_index(self) -> int | None:
-        """The GPU's NVML index (CUDA_VISIBLE_DEVICES renumbers devices for torch only)."""
-        if self.device.type != "cuda":
-            return None
-        index = self.device.index or 0
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-        return int(visible[index]) if index < len(visible) and visible[index].isdigit() else index
-
-    def warm_up(self) -> None:
-        """Run one small batch so the first real job does not pay for lazy initialisation."""
-        self.generate([JobInput(prompt="Hello", max_new_tokens=2)])
-
-    def prompt_ids(self, job: JobInput) -> list[int]:
-        if job.messages is not None:
-            text = self.tokenizer.apply_chat_template(
-                [m.model_dump() for m in job.messages], add_generation_prompt=True, tokenize=False
-            )
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer(job.prompt)["input_ids"]
-
-    def check_fits(self, prompt_ids: list[int], job: JobInput) -> None:
-        if len(prompt_ids) + job.max_new_tokens > self.max_context:
-            raise PromptTooLong(
-                f"prompt has {len(prompt_ids)} tokens; with max_new_tokens={job.max_new_tokens} "
-                f"that exceeds the model's context of {self.max_context} tokens"
-            )
-
-    @torch.inference_mode()
-    def generate(
-        self,
-        jobs: list[JobInput],
-        prompts: list[list[int]] | None = None,
-        interrupt: Callable[[int], str | None] | None = None,
-        sink: TextSink | None = None,
-    ) -> list[Completion]:
-        """Run one micro-batch; each job gets its own limits, stop strings and sampling.
-
-        ``interrupt(i)`` is asked every token; a reason it returns ends row i there (cancel,
-        deadline) while the other rows go on. The rows ``sink`` streams get their text sent
-        there as it is generated; the deltas of a row that completes add up to its text.
-        """
-        prompts = prompts or [self.prompt_ids(job) for job in jobs]
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, ids in enumerate(prompts):  # left padding: every row ends at the same column
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            attention[i, width - len(ids) :] = 1
-        rows = [RowSettings(j.max_new_tokens, j.temperature, j.top_p, j.stop, j.seed) for j in jobs]
-        stopper = RowStopper(rows, width, self.eos_ids, self.tokenizer.decode)
-        if interrupt is not None:
-            stopper.interrupt = interrupt
-        texts = [
-            RowText(self._decode, row.stop) if sink and sink.streams(i) else None
-            for i, row in enumerate(rows)
-        ]
-        criteria: list[StoppingCriteria] = [stopper]
-        if sink is not None and any(texts):
-            criteria += [TokenStreamer(stopper, width, texts, sink.delta), _StepEnd(sink)]
-        out = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention.to(self.device),
-            generation_config=GenerationConfig(
-                max_new_tokens=max(r.max_new_tokens for r in rows),
-                do_sample=False,
-                pad_token_id=self.pad_id,
-                eos_token_id=sorted(self.eos_ids),
-            ),
-            logits_processor=[RowSampler(rows, self.device)],
-            stopping_criteria=criteria,
-        )
-        completions = [
-            self._completion(out[i, width:].tolist(), rows[i], stopper.outcomes[i], len(prompts[i]))
-            for i in range(len(rows))
-        ]
-        for i, text in enumerate(texts):
-            if text is not None and completions[i].finish_reason not in INTERRUPTIONS:
-                try:
-                    sink.delta(i, text.finish(completions[i].text))  # the held-back rest
-                except AssertionError:  # a tokenizer that rewrote text it had settled
-                    log.error("row %d: its streamed text is not a prefix of its output", i)
-        return completions
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _completion(
-        self, generated: list[int], row: RowSettings, outcome: RowOutcome, prompt_tokens: int
-    ) -> Completion:
-        n = min(outcome.tokens or len(generated), row.max_new_tokens, len(generated))
-        tokens = generated[:n]
-        finish = "length"
-        if outcome.reason in INTERRUPTIONS:
-            finish = outcome.reason
-        elif tokens and tokens[-1] in self.eos_ids:
-            tokens, finish = tokens[:-1], "stop"
-        text = self._decode(tokens)
-        cuts = [text.find(s) for s in row.stop if s in text]
-        if cuts:
-            text, finish = text[: min(cuts)], "stop"
-        return Completion(text, finish, prompt_tokens, n)
 
 
-def _quantization(config) -> str:
+def quantization_label(config: Any) -> str:
     """E.g. "awq 4-bit g128"; "none" for an unquantized checkpoint."""
     quant = getattr(config, "quantization_config", None)
     if quant is None:
@@ -225,3 +81,17 @@ def _quantization(config) -> str:
     quant = quant if isinstance(quant, dict) else quant.to_dict()
     method = getattr(quant.get("quant_method"), "value", quant.get("quant_method"))
     return f"{method} {quant.get('bits', '?')}-bit g{quant.get('group_size', '?')}"
+
+
+class Engine(Protocol):
+    """What the worker's loops and liveness ask of either engine."""
+
+    continuous: bool  # True: per-step scheduling (ContinuousLoop); False: micro-batches
+    load_seconds: float
+
+    def describe(self) -> dict[str, object]: ...
+    def memory(self) -> dict[str, int]: ...
+    def nvml_index(self) -> int | None: ...
+    def warm_up(self) -> None: ...
+    def prompt_ids(self, job: JobInput) -> list[int]: ...
+    def check_fits(self, ids: list[int], job: JobInput) -> None: ...

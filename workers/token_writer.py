@@ -10,6 +10,7 @@ so a stream's deltas always add up to the job's output.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 import redis
 
@@ -64,13 +65,15 @@ class TokenWriter:
 
     def take_last(self) -> dict[str, tuple[str, int]]:
         """Each job's unsent text and its index, for ``finish.lua``; forgets the jobs."""
-        last = {
-            job_id: ("".join(self._unsent.get(job_id, [])), self._index.get(job_id, 0))
-            for job_id in self._unsent.keys() | self._index.keys()
+        return self.take(self._unsent.keys() | self._index.keys())
+
+    def take(self, job_ids: Iterable[str]) -> dict[str, tuple[str, int]]:
+        """The same for these jobs only: a continuous loop finishes its jobs one by one."""
+        return {
+            job_id: ("".join(self._unsent.pop(job_id, [])), self._index.pop(job_id, 0))
+            for job_id in list(job_ids)
+            if job_id in self._unsent or job_id in self._index
         }
-        self._unsent.clear()
-        self._index.clear()
-        return last
 
 
 class RowSink:
