@@ -1,8 +1,10 @@
 """Local scaling under ``make up``: start and stop worker processes.
 
 With GPUs, worker i sees only GPU i mod n (CUDA_VISIBLE_DEVICES), one worker per GPU by
-default. Without GPUs, at most a CPU-sized cap. Removing a worker is a warm drain (SIGTERM:
-it stops reading, finishes and acks its micro-batch, then exits), never a kill mid-batch.
+default. Without GPUs, at most a CPU-sized cap, and each worker gets its share of the cores
+(WORKER_THREADS = cores // max_workers, fixed while the autoscaler scales): workers that
+each used every core fought over them. Removing a worker is a warm drain (SIGTERM: it
+stops reading, finishes and acks its micro-batch, then exits), never a kill mid-batch.
 A worker that crashes is replaced by the supervisor.
 """
 
@@ -15,6 +17,7 @@ import subprocess
 from fleet import commands
 from fleet.supervisor import Service, Supervisor
 from shared.settings import Settings
+from workers.cpu_share import share_of_cores, usable_cores
 
 WORKER_STOP_TIMEOUT_S = 130  # past the worker's own 120 s bound for finishing its batch
 
@@ -40,6 +43,7 @@ class WorkerPool:
         self.settings = settings
         self.gpus = visible_gpus()
         self.cap = self.gpus if self.gpus else max(4, os.cpu_count() or 1)
+        self.engine = commands.worker_engine(settings, self.gpus)
         self.workers: list[Service] = []
 
     @property
@@ -57,11 +61,13 @@ class WorkerPool:
             self.supervisor.retire(self.workers.pop())
 
     def _worker(self, index: int) -> Service:
-        env = {"WORKER_METRICS_PORT": str(self._metrics_port(index))}
+        env = {"WORKER_METRICS_PORT": str(self._metrics_port(index)), "ENGINE": self.engine}
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(index % self.gpus)
+        elif not self.settings.worker_threads:  # else the operator's value is inherited
+            env["WORKER_THREADS"] = str(share_of_cores(usable_cores(), self.max_workers))
         name = f"worker{index}" if index else "worker"
-        argv = commands.worker(commands.worker_name(index))
+        argv = commands.worker(commands.worker_name(index), engine=self.engine)
         return Service(name, argv, WORKER_STOP_TIMEOUT_S, env=env)
 
     def _metrics_port(self, index: int) -> int:
