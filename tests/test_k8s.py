@@ -1,6 +1,6 @@
-"""The kustomize base in k8s/ and its autoscaling components (k8s/keda, k8s/autoscaler):
-well-formed, valid against the Kubernetes API schemas, buildable, and consistent with the
-app's settings.
+"""The kustomize base in k8s/, its autoscaling components (k8s/keda, k8s/autoscaler) and its
+vLLM worker variant (k8s/vllm): well-formed, valid against the Kubernetes API schemas,
+buildable, and consistent with the app's settings and with the image recipes in docker/.
 
 Offline and fast: no cluster. The kustomizations are built with `kustomize` or `kubectl
 kustomize` when one is on the PATH, and always with the small builder below, which must agree.
@@ -8,6 +8,7 @@ kustomize` when one is on the PATH, and always with the small builder below, whi
 
 from __future__ import annotations
 
+import ast
 import base64
 import copy
 import json
@@ -32,6 +33,20 @@ from shared.states import LANES, Lane
 
 K8S = Path(__file__).resolve().parent.parent / "k8s"
 COMPONENTS = {"keda": K8S / "keda", "controller": K8S / "autoscaler"}
+# The vLLM worker variant, a Component too: the workers with ENGINE=vllm and their own image.
+VLLM = K8S / "vllm"
+# The overlays k8s/README.md tells users to write: the base, optionally with the vLLM
+# variant, and with at most one autoscaling component (in either order with the variant).
+OVERLAYS = {
+    "base": [],
+    "keda": [COMPONENTS["keda"]],
+    "controller": [COMPONENTS["controller"]],
+    "vllm": [VLLM],
+    "vllm+keda": [VLLM, COMPONENTS["keda"]],
+    "vllm+controller": [COMPONENTS["controller"], VLLM],
+}
+ROOT = K8S.parent
+DOCKER = ROOT / "docker"
 NAMESPACE = "inference-fleet"
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 CLUSTER_SCOPED_KINDS = {"Namespace"}
@@ -56,6 +71,7 @@ OBJECTS = [obj for path in OBJECT_FILES for obj in _load(path)]
 COMPONENT_FILES = {
     name: sorted([*path.glob("*.yaml"), *path.glob("*.yml")]) for name, path in COMPONENTS.items()
 }
+VLLM_FILES = sorted([*VLLM.glob("*.yaml"), *VLLM.glob("*.yml")])
 COMPONENT_OBJECTS = {
     name: [obj for p in files if p.name != "kustomization.yaml" for obj in _load(p)]
     for name, files in COMPONENT_FILES.items()
@@ -102,7 +118,7 @@ def _argv(container: dict) -> list[str]:
 
 @pytest.mark.parametrize(
     "path",
-    [*_yaml_files(), *(p for files in COMPONENT_FILES.values() for p in files)],
+    [*_yaml_files(), *(p for files in COMPONENT_FILES.values() for p in files), *VLLM_FILES],
     ids=lambda p: str(p.relative_to(K8S)),
 )
 def test_every_yaml_file_parses(path):
@@ -349,7 +365,8 @@ KUSTOMIZATION_FIELDS = {
 
 
 def _json_patch(obj: dict, ops: list[dict]) -> None:
-    """Apply RFC 6902 remove, and add / replace of an object member, in place."""
+    """Apply RFC 6902 test, remove, add and replace in place (add to a list inserts at the
+    index, or appends for "-"). A failed test fails the build, as it fails kustomize's."""
     for op in ops:
         *parents, last = [
             part.replace("~1", "/").replace("~0", "~") for part in op["path"].split("/")[1:]
@@ -357,12 +374,22 @@ def _json_patch(obj: dict, ops: list[dict]) -> None:
         node = obj
         for part in parents:
             node = node[int(part)] if isinstance(node, list) else node[part]
-        key = int(last) if isinstance(node, list) else last
-        if op["op"] == "remove":
+        if isinstance(node, list):
+            key = len(node) if (op["op"], last) == ("add", "-") else int(last)
+            size = len(node) + (op["op"] == "add")
+            assert 0 <= key < size, f"index out of range at {op['path']}"
+        else:
+            key = last
+            assert op["op"] == "add" or key in node, f"nothing at {op['path']}"
+        value = copy.deepcopy(op.get("value"))  # one patch may apply to several objects
+        if op["op"] == "test":
+            assert node[key] == value, f"JSON patch test failed at {op['path']}: {node[key]!r}"
+        elif op["op"] == "remove":
             del node[key]
-        elif op["op"] in ("add", "replace") and isinstance(node, dict):
-            assert op["op"] == "add" or key in node, f"nothing to replace at {op['path']}"
-            node[key] = op["value"]
+        elif op["op"] == "add" and isinstance(node, list):
+            node.insert(key, value)
+        elif op["op"] in ("add", "replace"):
+            node[key] = value
         else:
             raise AssertionError(f"the test's builder does not know this JSON patch: {op}")
 
@@ -434,18 +461,20 @@ def _kustomize_command() -> list[str] | None:
 
 @pytest.fixture(scope="module")
 def overlays(tmp_path_factory) -> dict[str, Path]:
-    """The overlays k8s/README.md tells users to write: the base plus one component. They
-    must live outside k8s/ (kustomize refuses an overlay inside its base's directory)."""
+    """The overlays of OVERLAYS, as k8s/README.md tells users to write them. They must live
+    outside k8s/ (kustomize refuses an overlay inside its base's directory)."""
     root = tmp_path_factory.mktemp("overlays")
     made = {"base": K8S}
-    for name, component in COMPONENTS.items():
+    for name, components in OVERLAYS.items():
+        if not components:
+            continue
         directory = root / name
         directory.mkdir()
         kustomization = {
             "apiVersion": "kustomize.config.k8s.io/v1beta1",
             "kind": "Kustomization",
             "resources": [os.path.relpath(K8S, directory)],
-            "components": [os.path.relpath(component, directory)],
+            "components": [os.path.relpath(component, directory) for component in components],
         }
         (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
         made[name] = directory
@@ -466,21 +495,17 @@ def test_autoscaling_is_optional_components_outside_the_base():
         assert not any(path.name in Path(entry).parts for entry in listed), path.name
 
 
-@pytest.mark.parametrize("name", ["base", *COMPONENTS])
+@pytest.mark.parametrize("name", OVERLAYS)
 def test_kustomization_builds(name, overlays, builds):
     objects = builds[name]
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert {(o["kind"], o["metadata"]["name"]) for o in OBJECTS} <= names
-    if name != "base":
-        own = {(o["kind"], o["metadata"]["name"]) for o in COMPONENT_OBJECTS[name]}
-        assert own <= names
-        others = {
-            (o["kind"], o["metadata"]["name"])
-            for other, objs in COMPONENT_OBJECTS.items()
-            if other != name
-            for o in objs
-        }
-        assert not names & others, "one autoscaling component pulls in the other"
+    for component, path in COMPONENTS.items():
+        own = {(o["kind"], o["metadata"]["name"]) for o in COMPONENT_OBJECTS[component]}
+        if path in OVERLAYS[name]:
+            assert own <= names, component
+        else:
+            assert not names & own, f"{component} pulled in without being listed"
     for obj in objects:
         labels = obj["metadata"].get("labels", {})
         assert labels.get("app.kubernetes.io/part-of") == NAMESPACE, obj["metadata"]["name"]
@@ -494,7 +519,7 @@ def test_kustomization_builds(name, overlays, builds):
     assert _sorted([d for d in yaml.safe_load_all(built.stdout) if d]) == objects
 
 
-@pytest.mark.parametrize("name", ["keda", "controller"])
+@pytest.mark.parametrize("name", ["keda", "controller", "vllm+keda", "vllm+controller"])
 def test_autoscaled_workers_have_no_fixed_replica_count(name, builds):
     """With `replicas` in the manifest every `kubectl apply` would reset the workers to it."""
     assert "replicas" not in _one(builds[name], "Deployment", "worker")["spec"]
@@ -724,3 +749,214 @@ def test_controller_role_may_patch_the_worker_scale_and_nothing_more():
     granted = {verb for rule in role["rules"] for verb in rule["verbs"]}
     assert granted <= {"get", "list", "watch", "patch", "update"}, "no create or delete"
     assert all("*" not in rule["resources"] + rule["verbs"] for rule in role["rules"])
+
+
+# --- the vLLM worker variant -----------------------------------------------------------------
+
+VLLM_BUILDS = [name for name, components in OVERLAYS.items() if VLLM in components]
+# Environment variables of the worker that are not fleet settings (read by libraries).
+LIBRARY_ENV = {"HF_HOME", "VLLM_CACHE_ROOT"}
+QUANTITY_UNITS = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _quantity(value: str | int) -> int:
+    """A Kubernetes memory quantity in bytes (the binary suffixes used here)."""
+    number, unit = re.fullmatch(r"(\d+)([KMGT]i)?", str(value)).groups()
+    return int(number) * QUANTITY_UNITS[unit or ""]
+
+
+def _without_vllm(name: str) -> str:
+    """The overlay that differs from `name` by the vLLM variant only."""
+    return name.removeprefix("vllm").removeprefix("+") or "base"
+
+
+def _worker(objects: list[dict]) -> tuple[dict, dict]:
+    """The worker Deployment's pod spec and its container."""
+    pod = _one(objects, "Deployment", "worker")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    return pod, container
+
+
+def test_vllm_variant_is_an_optional_component_outside_the_base():
+    (kustomization,) = _load(VLLM / "kustomization.yaml")
+    assert kustomization["kind"] == "Component"
+    assert kustomization["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    assert "resources" not in kustomization, "the variant patches the base's worker, adds nothing"
+    listed = [*KUSTOMIZATION.get("resources", []), *KUSTOMIZATION.get("components", [])]
+    assert not any(VLLM.name in Path(entry).parts for entry in listed)
+
+
+@pytest.mark.parametrize("name", VLLM_BUILDS)
+def test_vllm_variant_changes_the_worker_deployment_only(name, builds):
+    """Same objects as without it, the gateway and the autoscaler on the fleet's image; the
+    worker keeps its name, command, heartbeat probes, drain hook and scheduling."""
+    vllm, plain = builds[name], builds[_without_vllm(name)]
+
+    def rest(objects: list[dict]) -> list[dict]:
+        return [
+            o for o in objects if (o["kind"], o["metadata"]["name"]) != ("Deployment", "worker")
+        ]
+
+    assert rest(vllm) == rest(plain)
+    with_vllm, without = (_one(b, "Deployment", "worker") for b in (vllm, plain))
+    assert with_vllm["metadata"] == without["metadata"]
+    assert with_vllm["spec"].get("replicas") == without["spec"].get("replicas")
+    assert with_vllm["spec"]["selector"] == without["spec"]["selector"]
+    assert with_vllm["spec"]["template"]["metadata"] == without["spec"]["template"]["metadata"]
+    (pod, container), (plain_pod, plain_container) = _worker(vllm), _worker(plain)
+    for field in ("terminationGracePeriodSeconds", "tolerations", "enableServiceLinks"):
+        assert pod.get(field) == plain_pod.get(field), field
+    for field in ("name", "command", "args", "envFrom", "ports", "lifecycle"):
+        assert container.get(field) == plain_container.get(field), field
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe] == plain_container[probe], probe
+    assert container["startupProbe"]["exec"] == plain_container["startupProbe"]["exec"]
+
+
+def test_vllm_worker_runs_the_vllm_image_with_engine_vllm(builds):
+    _, container = _worker(builds["vllm"])
+    assert container["image"].rsplit(":", 1)[0] == "inference-fleet-vllm"
+    names = [e["name"] for e in container["env"]]
+    assert len(names) == len(set(names)), "an env var set twice (the last one would win)"
+    env = _env(container)
+    assert env["ENGINE"] == "vllm"
+    assert env["DEVICE"] == "cuda"  # never vLLM on the CPU of a GPU-less node
+    # Its settings as the worker reads them: the ConfigMap, overridden by the container's
+    # own env (a literal value), are fleet settings with valid values.
+    literal = {k: v for k, v in env.items() if v is not None}
+    unknown = sorted(k for k in literal if k.lower() not in Settings.model_fields)
+    assert set(unknown) <= LIBRARY_ENV, f"not fleet settings: {unknown}"
+    (config,) = _objects("ConfigMap").values()
+    values = {**config["data"], **{k: v for k, v in literal.items() if k not in LIBRARY_ENV}}
+    settings = Settings(**{k.lower(): v for k, v in values.items()})
+    assert settings.engine == "vllm"
+    assert 0 < settings.vllm_gpu_memory_utilization <= 1
+    # Continuous batching runs more sequences at once than a transformers micro-batch.
+    plain = Settings(**{k.lower(): v for k, v in config["data"].items()})
+    assert settings.max_batch_size >= plain.max_batch_size
+    # The base (the transformers image) does not ask for vLLM.
+    assert _env(_worker(builds["base"])[1]).get("ENGINE") in (None, "auto", "transformers")
+
+
+def test_vllm_worker_gets_one_whole_gpu_and_shared_memory(builds):
+    pod, container = _worker(builds["vllm"])
+    resources = container["resources"]
+    for part in ("requests", "limits"):  # stated by the variant, whatever the base asks
+        assert int(resources[part]["nvidia.com/gpu"]) == 1, part
+        assert resources[part]["cpu"] and resources[part]["memory"], part
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    shm = volumes[mounts["/dev/shm"]]["emptyDir"]
+    assert shm["medium"] == "Memory"
+    # Bigger than a container's default 64Mi; memory-backed, so within the memory limit.
+    size = _quantity(shm["sizeLimit"])
+    assert 64 * 2**20 < size < _quantity(resources["limits"]["memory"])
+    # vLLM's compile cache and the hub cache on the scratch volume, kept across restarts.
+    env = _env(container)
+    (cache,) = [
+        path for path, name in mounts.items() if "emptyDir" in volumes[name] and path != "/dev/shm"
+    ]
+    for var in ("VLLM_CACHE_ROOT", "HF_HOME"):
+        assert env[var].startswith(cache + "/"), var
+
+
+def test_vllm_worker_has_time_to_compile_and_load_its_model(builds):
+    def allowed_s(objects: list[dict]) -> int:
+        probe = _worker(objects)[1]["startupProbe"]
+        return probe["periodSeconds"] * probe["failureThreshold"]
+
+    assert allowed_s(builds["vllm"]) >= max(allowed_s(builds["base"]), 30 * 60)
+
+
+@pytest.mark.parametrize("name", ["vllm+keda", "vllm+controller"])
+def test_autoscalers_scale_the_vllm_workers(name, builds):
+    objects = builds[name]
+    if name.endswith("keda"):
+        target = _one(objects, "ScaledObject")["spec"]["scaleTargetRef"]
+        assert target.get("kind", "Deployment") == "Deployment"
+        deployment = target["name"]
+    else:
+        (container,) = _one(objects, "Deployment", "autoscaler")["spec"]["template"]["spec"][
+            "containers"
+        ]
+        deployment = _env(container)["AUTOSCALER_DEPLOYMENT"]
+        assert any(
+            deployment in rule.get("resourceNames", []) for rule in _one(objects, "Role")["rules"]
+        )
+    scaled = _one(objects, "Deployment", deployment)
+    (container,) = scaled["spec"]["template"]["spec"]["containers"]
+    assert _env(container)["ENGINE"] == "vllm"
+    assert container["image"].startswith("inference-fleet-vllm:")
+    assert "replicas" not in scaled["spec"]
+
+
+# --- image recipes (docker/) -------------------------------------------------------------------
+
+
+def _recipe_images(builds: dict[str, list[dict]]) -> set[str]:
+    """The fleet's own images the manifests name (not redis)."""
+    return {
+        container["image"].rsplit(":", 1)[0]
+        for objects in builds.values()
+        for workload in _workloads(objects).values()
+        for container in _containers(workload)
+        if container["image"].startswith("inference-fleet")
+    }
+
+
+def _requirement_lines(path: Path) -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [line for line in lines if line]
+
+
+def test_every_fleet_image_has_a_recipe_whose_sources_exist(builds):
+    images = _recipe_images(builds)
+    assert images == {"inference-fleet", "inference-fleet-vllm"}
+    for image in sorted(images):
+        recipe = DOCKER / f"{image}.Dockerfile"
+        assert recipe.is_file(), f"no recipe for the image {image}"
+        text = recipe.read_text().replace("\\\n", " ")
+        copies = re.findall(r"^COPY\s+(?!--)(.+)$", text, flags=re.MULTILINE)
+        assert copies, recipe.name
+        for line in copies:
+            *sources, _destination = line.split()
+            for source in sources:
+                assert source == "." or (ROOT / source).exists(), f"{recipe.name}: {source}"
+        # Requirements files pull others in with -r: those must be copied too.
+        copied = {source for line in copies for source in line.split()[:-1]}
+        for requirements in (s for s in copied if s.startswith("requirements")):
+            for line in _requirement_lines(ROOT / requirements):
+                if line.startswith("-r "):
+                    assert "." in copied or line[3:].strip() in copied, f"{recipe.name}: {line}"
+
+
+def test_vllm_image_is_vllms_own_image_of_the_pinned_version():
+    text = (DOCKER / "inference-fleet-vllm.Dockerfile").read_text()
+    (version,) = re.findall(r"^ARG VLLM_VERSION=(\S+)$", text, flags=re.MULTILINE)
+    assert re.search(r"^FROM vllm/vllm-openai:v\$\{VLLM_VERSION\}$", text, flags=re.MULTILINE)
+    assert f"vllm=={version}" in _requirement_lines(ROOT / "requirements-vllm.txt")
+    assert "-r requirements-vllm.txt" in text
+    # vLLM's image starts `vllm serve`: the worker image must not.
+    assert re.search(r"^ENTRYPOINT \[\]$", text, flags=re.MULTILINE)
+
+
+def test_vllm_image_holds_every_package_the_worker_imports():
+    """The vLLM image copies only the packages a worker needs: every first-party module that
+    they import must be among them."""
+    text = (DOCKER / "inference-fleet-vllm.Dockerfile").read_text()
+    copied = {Path(s).parts[0] for s in re.findall(r"^COPY\s+(\w+)/\s", text, flags=re.MULTILINE)}
+    assert "workers" in copied and "shared" in copied
+    first_party = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    imported = set()
+    for package in copied:
+        for source in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(source.read_text(), str(source))):
+                if isinstance(node, ast.Import):
+                    imported |= {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    imported.add(node.module.split(".")[0])
+    missing = sorted((imported & first_party) - copied)
+    assert not missing, f"the worker imports packages the vLLM image lacks: {missing}"
