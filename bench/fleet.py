@@ -27,6 +27,7 @@ import requests
 from bench.model import job_input
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
+from shared.protocol import JobInput
 
 WAIT_S = 60
 TIMEOUT_S = WAIT_S + 30  # one HTTP request
@@ -84,8 +85,11 @@ def _answers(check: Callable[[], object]) -> bool:
 
 
 @contextmanager
-def running_fleet(settings: dict[str, str], logs: Path | None = None) -> Iterator[RunningFleet]:
+def running_fleet(
+    settings: dict[str, str], logs: Path | None = None, engine: str = "transformers"
+) -> Iterator[RunningFleet]:
     """Start redis-server, a worker and the gateway with ``settings`` (env overrides) added.
+    The worker runs ``engine`` (a vllm worker runs on .venv-vllm's Python).
 
     Every process is stopped on the way out, also when startup or the benchmark fails.
     """
@@ -101,9 +105,10 @@ def running_fleet(settings: dict[str, str], logs: Path | None = None) -> Iterato
                 wait_until(lambda: _answers(client.ping), 20, "redis did not start", *procs)
 
             port = free_port()
-            env = _env(redis_url, port, settings)
+            env = _env(redis_url, port, {**settings, "ENGINE": engine})
             name = f"{env['KEY_PREFIX']}@localhost"
-            procs.append(Process("worker", commands.worker(name), env, logs / "worker.log"))
+            argv = commands.worker(name, engine=engine)
+            procs.append(Process("worker", argv, env, logs / "worker.log"))
             procs.append(Process("gateway", commands.gateway(), env, logs / "gateway.log"))
             base = f"http://127.0.0.1:{port}"
 
@@ -153,8 +158,13 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
-def _one_job(http: requests.Session, base_url: str, index: int) -> Sample:
-    body = job_input(index).model_dump(exclude_none=True)
+def _one_job(
+    http: requests.Session,
+    base_url: str,
+    index: int,
+    make_input: Callable[[int], JobInput] = job_input,
+) -> Sample:
+    body = make_input(index).model_dump(exclude_none=True)
     began = time.perf_counter()
     response = http.post(
         base_url + "/v1/jobs", json=body, headers={"Prefer": f"wait={WAIT_S}"}, timeout=TIMEOUT_S
