@@ -25,7 +25,7 @@ GATEWAY_SERIES = [
 WORKER_SERIES = [
     "fleet_worker_batch_size_bucket", "fleet_worker_inference_seconds_bucket",
     "fleet_worker_prompt_tokens_total", "fleet_worker_generated_tokens_total",
-    "fleet_worker_jobs_total", "fleet_worker_busy",
+    "fleet_worker_jobs_total", "fleet_worker_busy", "fleet_worker_running_sequences",
 ]  # fmt: skip
 
 

@@ -57,6 +57,9 @@ class MicroBatchResult:
     failures: dict[str, JobError]
     seconds: float
     last_deltas: dict[str, tuple[str, int]] = field(default_factory=dict)  # streaming jobs
+    # Wall time the worker spent on it alone, for tokens per second; micro-batches never
+    # overlap, so it is ``seconds`` unless set (a continuous loop's admissions do overlap).
+    busy_seconds: float | None = None
 
     def statuses(self) -> Counter[str]:
         return Counter(fields["status"] for _, fields in self.stored)
@@ -240,13 +243,15 @@ class MicroBatchLoop:
         self.busy_since = time.monotonic() if task_id else None
         if self.metrics:
             self.metrics.busy(task_id is not None)
+            self.metrics.running(len(jobs) if task_id else 0)
         if task_id and self.tasks:
             self.tasks.started(task_id, [j.entry.job_id for j in jobs])
 
     def report(self, task_id: str, result: MicroBatchResult) -> None:
         """Counters for inspect stats, Prometheus, and the micro-batch's task in Flower."""
         completions = list(result.completions.values())
-        self.stats.record(completions, len(result.failures), result.seconds)
+        busy = result.seconds if result.busy_seconds is None else result.busy_seconds
+        self.stats.record(completions, len(result.failures), busy)
         generated = sum(c.completion_tokens for c in completions)
         if self.metrics:
             prompt = sum(c.prompt_tokens for c in completions)

@@ -74,6 +74,7 @@ class ContinuousLoop(MicroBatchLoop):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.running: dict[str, RunningJob] = {}
+        self._reported_until = 0.0  # monotonic end of the busy time reports have counted
         cap = self.settings.max_new_tokens_limit + 16
         self.writer = TokenWriter(self.jobs, self.model, cap)
 
@@ -258,6 +259,8 @@ class ContinuousLoop(MicroBatchLoop):
         them for cancels; busy/idle goes to the metrics."""
         self.in_flight = [seq.job.entry for seq in self.running.values()]
         busy = bool(self.running)
+        if self.metrics:
+            self.metrics.running(len(self.running))
         if busy != (self.busy_since is not None):
             self.busy_since = time.monotonic() if busy else None
             if self.metrics:
@@ -266,9 +269,14 @@ class ContinuousLoop(MicroBatchLoop):
             self.canceled = set()
 
     def _maybe_report(self, admission: Admission) -> None:
+        """Once an admission's last job has ended. Its busy time is the part of its span no
+        earlier report counted, so tokens per second adds up over overlapping admissions."""
         if len(admission.stored) == admission.size:
-            seconds = time.monotonic() - admission.began
+            now = time.monotonic()
+            busy = now - max(admission.began, self._reported_until)
+            self._reported_until = now
             result = MicroBatchResult(
-                admission.stored, admission.completions, admission.failures, seconds
-            )
+                admission.stored, admission.completions, admission.failures,
+                now - admission.began, busy_seconds=max(busy, 0.0),
+            )  # fmt: skip
             self.report(admission.task_id, result)

@@ -42,6 +42,11 @@ class WorkerMetrics:
         self._busy = Gauge(
             "fleet_worker_busy", "1 while a micro-batch runs.", names, registry=reg
         ).labels(**self._labels)
+        self._running = Gauge(
+            "fleet_worker_running_sequences",
+            "Jobs generating now: a micro-batch's rows, or the sequences in a continuous engine.",
+            names, registry=reg,
+        ).labels(**self._labels)  # fmt: skip
         if gpu_index is not None:
             reg.register(GpuCollector(worker, gpu_index))
 
@@ -52,6 +57,9 @@ class WorkerMetrics:
 
     def busy(self, value: bool) -> None:
         self._busy.set(1 if value else 0)
+
+    def running(self, sequences: int) -> None:
+        self._running.set(sequences)
 
     def micro_batch(self, size: int, seconds: float, prompt_tokens: int, generated_tokens: int,
               statuses: dict[str, int]) -> None:  # fmt: skip
