@@ -87,6 +87,13 @@ class MicroBatchLoopStep(bootsteps.StartStopStep):
         log.info("worker %s serving %s", worker_name, settings.served_model)
         try:
             self.loop.run()
+        except Exception:
+            # A worker whose loop died would stay up, answering Celery and reading nothing:
+            # exit instead, so the supervisor (or Kubernetes) starts it again and its
+            # unacknowledged entries run again.
+            log.exception("the worker loop failed; shutting down")
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         finally:
             self.heartbeat.stop()
         if self._draining and not self._stopping.is_set():
