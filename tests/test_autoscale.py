@@ -39,7 +39,7 @@ def test_backlog_scales_up_to_max_then_back_to_min(tmp_path, demo_model_path):
         assert _workers(launcher) == 1
         client = redis.Redis(port=launcher.redis_port, decode_responses=True)
         mark("fleet up, 1 worker")
-        body = {"prompt": "Scale me", "max_new_tokens": 16}
+        body = {"prompt": "Scale me", "max_new_tokens": 64}
         with ThreadPoolExecutor(16) as pool:
             responses = list(pool.map(
                 lambda _: requests.post(f"{launcher.base}/v1/jobs", json=body, timeout=60),
