@@ -62,7 +62,15 @@ def _generate(llm, requests: list[tuple[list[int], Any]]) -> dict[str, Any]:
     began = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - began
-    return {"wall_s": wall, "requests": [{"tokens": len(o.outputs[0].token_ids)} for o in outs]}
+    done = [
+        {
+            "tokens": len(o.outputs[0].token_ids),
+            "text": o.outputs[0].text,
+            "finish_reason": o.outputs[0].finish_reason,
+        }
+        for o in outs
+    ]
+    return {"wall_s": wall, "requests": done}
 
 
 def _clients(llm, requests: list[tuple[list[int], Any]], clients: int) -> dict[str, Any]:

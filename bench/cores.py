@@ -27,11 +27,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 
-import redis
 import requests
 
 from bench.__main__ import CpuWatch
-from bench.fleet import _answers, _env
+from bench.fleet import _answers, _env, start_redis
 from bench.model import MAX_NEW_TOKENS, job_input
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
@@ -88,12 +87,7 @@ def running_workers(variant: Variant, logs: Path | None) -> Iterator[tuple[str, 
     with tempfile.TemporaryDirectory(prefix="bench-cores-") as tmp:
         logs = (logs or Path(tmp) / "logs") / variant.label.replace(" ", "-")
         try:
-            redis_port = free_port()
-            redis_url = f"redis://127.0.0.1:{redis_port}/0"
-            argv = commands.redis_server(redis_port, Path(tmp) / "redis")
-            procs.append(Process("redis", argv, os.environ.copy(), logs / "redis.log"))
-            with redis.Redis.from_url(redis_url) as client:
-                wait_until(lambda: _answers(client.ping), 20, "redis did not start", *procs)
+            redis_url = start_redis(procs, Path(tmp) / "redis", logs)
             port = free_port()
             env = _env(redis_url, port, settings(variant))
             for index in range(variant.workers):

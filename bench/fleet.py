@@ -84,6 +84,17 @@ def _answers(check: Callable[[], object]) -> bool:
         return False
 
 
+def start_redis(procs: list[Process], data_dir: Path, logs: Path) -> str:
+    """A redis-server on a free port, added to ``procs``; its URL once it answers."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    argv = commands.redis_server(port, data_dir)
+    procs.append(Process("redis", argv, os.environ.copy(), logs / "redis.log"))
+    with redis.Redis.from_url(url) as client:
+        wait_until(lambda: _answers(client.ping), 20, "redis did not start", *procs)
+    return url
+
+
 @contextmanager
 def running_fleet(
     settings: dict[str, str], logs: Path | None = None, engine: str = "transformers"
@@ -97,13 +108,7 @@ def running_fleet(
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         logs = logs or Path(tmp) / "logs"
         try:
-            redis_port = free_port()
-            redis_url = f"redis://127.0.0.1:{redis_port}/0"
-            argv = commands.redis_server(redis_port, Path(tmp) / "redis")
-            procs.append(Process("redis", argv, os.environ.copy(), logs / "redis.log"))
-            with redis.Redis.from_url(redis_url) as client:
-                wait_until(lambda: _answers(client.ping), 20, "redis did not start", *procs)
-
+            redis_url = start_redis(procs, Path(tmp) / "redis", logs)
             port = free_port()
             env = _env(redis_url, port, {**settings, "ENGINE": engine})
             name = f"{env['KEY_PREFIX']}@localhost"

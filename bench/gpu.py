@@ -224,20 +224,10 @@ def level(
 
 def stream_job(http, base_url: str, body: dict[str, Any]) -> dict[str, float]:
     """One streamed job: seconds to its first ``token`` event and to ``done``, and tokens."""
+    from bench import streaming
+
     began = time.perf_counter()
-    first, done, event = None, {}, ""
-    with http.post(base_url + "/v1/jobs", json=body | {"stream": True}, stream=True,
-                   timeout=300) as response:  # fmt: skip
-        response.raise_for_status()
-        for line in response.iter_lines(decode_unicode=True):
-            if line.startswith("event: "):
-                event = line[7:]
-                if event == "token" and first is None:
-                    first = time.perf_counter() - began
-            elif line.startswith("data: ") and event == "done":
-                done = json.loads(line[6:])
-    if done.get("status") != "succeeded" or first is None:
-        raise RuntimeError(f"stream ended {done.get('status')}: {done.get('error')}")
+    first, done = streaming.stream_job(http, base_url, body, timeout_s=300)
     tokens = done["output"]["usage"]["completion_tokens"]
     return {"ttft_s": first, "latency_s": time.perf_counter() - began, "tokens": tokens}
 

@@ -36,10 +36,17 @@ def _body(index: int, stream: bool) -> dict:
 
 
 def stream_one(http: requests.Session, base: str, index: int) -> tuple[float, dict]:
+    return stream_job(http, base, _body(index, True))
+
+
+def stream_job(
+    http: requests.Session, base: str, body: dict, timeout_s: float = 120
+) -> tuple[float, dict]:
     """(seconds to the first token event, the finished job) of one streamed job."""
     began = time.perf_counter()
     first, job, event = None, {}, ""
-    with http.post(base + "/v1/jobs", json=_body(index, True), stream=True, timeout=120) as r:
+    with http.post(base + "/v1/jobs", json=body | {"stream": True}, stream=True,
+                   timeout=timeout_s) as r:  # fmt: skip
         r.raise_for_status()
         for line in r.iter_lines(decode_unicode=True):
             if line.startswith("event: "):
@@ -49,7 +56,7 @@ def stream_one(http: requests.Session, base: str, index: int) -> tuple[float, di
             elif line.startswith("data: ") and event == "done":
                 job = json.loads(line[6:])
     if job.get("status") != "succeeded" or first is None:
-        raise RuntimeError(f"stream ended without tokens: {job.get('status')}")
+        raise RuntimeError(f"stream ended {job.get('status')}: {job.get('error')}")
     return first, job
 
 

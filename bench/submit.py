@@ -31,10 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
-import redis
 import requests
 
-from bench.fleet import LOG_ERROR, READY_TIMEOUT_S, RunningFleet, _answers, _env
+from bench.fleet import LOG_ERROR, READY_TIMEOUT_S, RunningFleet, _answers, _env, start_redis
 from fleet import commands
 from fleet.processes import Process, free_port, wait_until
 
@@ -101,12 +100,7 @@ def submit_fleet(source: Path, settings: dict[str, str], logs: Path) -> Iterator
     """redis-server, one worker and the gateway from ``source``; all stopped on the way out."""
     procs: list[Process] = []
     try:
-        redis_port = free_port()
-        redis_url = f"redis://127.0.0.1:{redis_port}/0"
-        argv = commands.redis_server(redis_port, logs / "redis-data")
-        procs.append(Process("redis", argv, os.environ.copy(), logs / "redis.log"))
-        with redis.Redis.from_url(redis_url) as client:
-            wait_until(lambda: _answers(client.ping), 20, "redis did not start", *procs)
+        redis_url = start_redis(procs, logs / "redis-data", logs)
         port = free_port()
         # No worker /metrics port: it would listen on every interface, and clash with a fleet
         # already running here.

