@@ -44,7 +44,7 @@ class RunningJob:
 
     job: StartedJob
     admission: Admission
-    prompt_tokens: int
+    prompt: list[int]  # token ids, kept to run it again alone if a step fails
     text: list[str] = field(default_factory=list)
     tokens: int = 0
 
@@ -150,7 +150,7 @@ class ContinuousLoop(MicroBatchLoop):
                 continue
             self._maybe_crash(job)
             self.engine.add(job.entry.job_id, ids, job.input)
-            self.running[job.entry.job_id] = RunningJob(job, admission, len(ids))
+            self.running[job.entry.job_id] = RunningJob(job, admission, ids)
         self._changed()
         if failed:
             errors = admission.failures
@@ -181,7 +181,7 @@ class ContinuousLoop(MicroBatchLoop):
                     self.writer.add(seq.job_id, out.delta)
             if out.finish_reason is not None:
                 text = "".join(seq.text)
-                ended.append((seq, completion(text, out.finish_reason, seq.prompt_tokens,
+                ended.append((seq, completion(text, out.finish_reason, len(seq.prompt),
                                               seq.tokens)))  # fmt: skip
         self.writer.flush()
         if ended:
@@ -200,7 +200,7 @@ class ContinuousLoop(MicroBatchLoop):
                 reason = "expired"
             if reason:
                 text = "".join(seq.text)
-                ended.append((seq, Completion(text, reason, seq.prompt_tokens, seq.tokens)))
+                ended.append((seq, Completion(text, reason, len(seq.prompt), seq.tokens)))
         if ended:
             self.engine.abort([seq.job_id for seq, _ in ended])
         return ended
@@ -245,7 +245,7 @@ class ContinuousLoop(MicroBatchLoop):
         log.exception("an engine step of %d jobs failed; running each alone", len(sequences))
         self.writer.restart([seq.job_id for seq in sequences if seq.job.stream])
         for seq in sequences:
-            self.engine.add(seq.job_id, self.engine.prompt_ids(seq.job.input), seq.job.input)
+            self.engine.add(seq.job_id, seq.prompt, seq.job.input)
             seq.text, seq.tokens = [], 0
             self.running = {seq.job_id: seq}
             self._changed()

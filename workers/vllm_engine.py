@@ -31,7 +31,7 @@ CPU_KV_CACHE_GIB = 2  # VLLM_CPU_KVCACHE_SPACE unless set: ~5M tokens of the dem
 
 @dataclass(frozen=True)
 class StepOutput:
-    """What one step produced for one job: its new text, and its completion once it ended."""
+    """What one step produced for one job: its new text, and why it ended once it has."""
 
     job_id: str
     delta: str
