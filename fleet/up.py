@@ -44,6 +44,11 @@ class StartupError(RuntimeError):
 
 def main() -> int:
     settings = get_settings()
+    if settings.engine == "vllm" and not commands.VLLM_PYTHON.exists():
+        print(f"ENGINE=vllm runs the workers from {commands.VLLM_PYTHON.parent.parent}, which "
+              "is missing: run `make up ENGINE=vllm` (or `make vllm-env` first)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     env = dict(os.environ, PYTHONPATH=str(commands.ROOT), REDIS_URL=settings.effective_redis_url)
     if not settings.model:
         env["HF_HUB_OFFLINE"] = "1"  # the demo model is local; never reach a hub

@@ -187,3 +187,17 @@ def _cmd(proc: psutil.Process) -> str:
 def _replaced(launcher: Launcher, name: str, old: psutil.Process) -> bool:
     fresh = any(name in _cmd(c) and c.pid != old.pid for c in _children(launcher))
     return fresh and "restart in" in launcher.output()
+
+
+def test_engine_vllm_without_its_virtualenv_says_how_to_make_it(monkeypatch, tmp_path, capsys):
+    from fleet import up
+    from shared.settings import get_settings
+
+    monkeypatch.setattr(commands, "VLLM_PYTHON", tmp_path / ".venv-vllm" / "bin" / "python")
+    monkeypatch.setenv("ENGINE", "vllm")
+    get_settings.cache_clear()
+    try:
+        assert up.main() == 2
+    finally:
+        get_settings.cache_clear()
+    assert "make up ENGINE=vllm" in capsys.readouterr().err

@@ -9,9 +9,11 @@ initialised in the one process that uses it.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -140,6 +142,11 @@ def load_engine(settings) -> Engine:
     engine = choose_engine(settings.engine)
     path = resolve_model_path(settings)
     if engine == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise RuntimeError(
+                f"ENGINE=vllm, but {sys.executable} has no vLLM: run the worker from "
+                ".venv-vllm (`make vllm-env`) or a vLLM image (docker/)"
+            )
         from workers.vllm_engine import VllmEngine
 
         device = "cpu" if settings.device == "cpu" or not _has_cuda() else "cuda"
