@@ -72,6 +72,10 @@ def _env(redis_url: str, gateway_port: int, settings: dict[str, str]) -> dict[st
         GATEWAY_HOST="127.0.0.1",
         GATEWAY_PORT=str(gateway_port),
         WORKER_HEARTBEAT_S="1",
+        # The benches repeat greedy prompts: with the cache on, the fleet would answer them
+        # without the model, and a ratio against the bare model would mean nothing.
+        # bench.cache measures the cache itself.
+        CACHE_ENABLED="0",
     )
     env.update(settings)
     return env

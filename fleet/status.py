@@ -61,6 +61,7 @@ def render(
             f"oldest waiting {backlog.oldest_age_s:.1f}s"
         )
     lines.append(f"  dead letters: {stats.dead_letter_count(model)}")
+    lines.append("  " + cache_line(stats.counters(model)))
     recent = [(t, lat, s) for t, lat, s in stats.recent(model) if t > now - WINDOW_S]
     last_minute = [r for r in recent if r[0] > now - 60]
     lines.append(
@@ -75,6 +76,20 @@ def render(
     else:
         lines.append(f"  latency: too few jobs in the last {WINDOW_S // 60} min")
     return "\n".join(lines)
+
+
+def cache_line(counters: dict[str, str]) -> str:
+    """The result cache since the model's counters began: hit ratio, and what it holds."""
+    hits, misses, coalesced = (int(counters.get(f"cache:{n}", 0)) for n in
+                               ("hits", "misses", "coalesced"))  # fmt: skip
+    asked = hits + misses + coalesced
+    if not asked:
+        return "result cache: no cacheable requests yet"
+    mib = max(0, int(counters.get("cache:bytes", 0))) / 2**20
+    return (
+        f"result cache: hit ratio {hits / asked:.0%} ({hits} hits, {coalesced} coalesced, "
+        f"{misses} computed), {mib:.1f} MiB, {counters.get('cache:evictions', 0)} evicted"
+    )
 
 
 def main() -> int:

@@ -9,6 +9,7 @@ from typing import Any
 from gateway import serving
 from gateway.errors import APIError
 from gateway.extensions import fleet
+from gateway.inputs import cache_allowed
 from gateway.serving import check_webhook, idempotency_errors, resolve_model
 from shared.batch_lines import BadRequestLine, check_requests, parse_jsonl
 from shared.batch_store import SubmittedBatch
@@ -45,14 +46,17 @@ def create(
     idempotency_key: str | None,
     request_fingerprint: str,
 ) -> SubmittedBatch:
-    """Queue every request of the batch, or none."""
+    """Queue every request of the batch, or none. Greedy or seeded lines use the result
+    cache and follow identical lines: each distinct one is computed once."""
     model = resolve_model(options.model)
     check_webhook(options.webhook)
     check_room(model, len(requests))
+    allowed = cache_allowed()
     with idempotency_errors("batch"):
         return fleet.batches.create(
             model, requests, options,
             idempotency_key=idempotency_key, fingerprint=request_fingerprint,
+            cache_owners=[fleet.cache.owner(r, r.cache and allowed) for r in requests],
         )  # fmt: skip
 
 

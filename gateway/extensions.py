@@ -8,6 +8,7 @@ from werkzeug.local import LocalProxy
 from gateway.backpressure import Backpressure
 from gateway.waiting import JobWaiter
 from shared.batch_store import BatchStore
+from shared.cache import CachePolicy
 from shared.job_store import JobStore
 from shared.redis_client import connect
 from shared.registry import WorkerRegistry
@@ -21,6 +22,7 @@ class Fleet:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self.cache = CachePolicy.from_settings(settings)
         client = connect(settings)
         self.jobs = JobStore.from_settings(settings, client)
         self.jobs.coalesce_submits()

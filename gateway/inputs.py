@@ -58,6 +58,13 @@ def idempotency_key() -> str | None:
     return key
 
 
+def cache_allowed() -> bool:
+    """False when the request says ``Cache-Control: no-cache`` or ``no-store`` (as the body
+    field ``"cache": false``): run it anew, whatever the result cache holds."""
+    directives = request.headers.get("Cache-Control", "").lower()
+    return not re.search(r"\bno-(cache|store)\b", directives)
+
+
 def prefer_wait() -> int | None:
     """Seconds asked for by ``Prefer: wait=N``; None if absent. Bare ``wait`` means 60."""
     prefer = request.headers.get("Prefer")

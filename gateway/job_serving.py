@@ -9,6 +9,7 @@ from gateway import serving
 from gateway.backpressure import QueueFull
 from gateway.errors import APIError
 from gateway.extensions import fleet
+from gateway.inputs import cache_allowed
 from gateway.serving import check_webhook, idempotency_errors, resolve_model
 from shared.idempotency import fingerprint
 from shared.job_store import Submitted
@@ -28,8 +29,9 @@ def parse(raw: dict[str, Any]) -> JobCreate:
 def submit(
     body: JobCreate, raw: dict[str, Any], idempotency_key: str | None, wait_s: int | None
 ) -> Submitted:
-    """Queue the job (or find the one an Idempotency-Key made), then wait up to ``wait_s``
-    for it to end. ``raw`` is the body as sent: its fingerprint tells a retry apart."""
+    """Queue the job (or find the one an Idempotency-Key made, or answer it from the result
+    cache), then wait up to ``wait_s`` for it to end. ``raw`` is the body as sent: its
+    fingerprint tells a retry apart."""
     model = resolve_model(body.model)
     check_webhook(body.webhook)
     check_room(model)
@@ -40,11 +42,12 @@ def submit(
             idempotency_key=idempotency_key,
             fingerprint=fingerprint(raw) if idempotency_key else "",
             extra=webhook_fields(body.webhook, events) | ({"stream": "1"} if body.stream else {}),
+            cache_owner=fleet.cache.owner(body, body.cache and cache_allowed()),
         )  # fmt: skip
     job = submitted.job
     if wait_s and not body.stream and not job.status.terminal:
         job = fleet.waiter.wait(job.id, wait_s, lambda: fleet.jobs.get(model, job.id)) or job
-    return Submitted(job, submitted.replayed)
+    return Submitted(job, submitted.replayed, submitted.cache)
 
 
 def check_room(model: str) -> None:

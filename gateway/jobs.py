@@ -43,6 +43,11 @@ def create_job():
     While the model's backlog is over MAX_QUEUE_DEPTH the answer is 429 with Retry-After.
     With a `webhook`, signed events about the job are POSTed there (`webhook_events`
     picks them; default job.completed, job.failed, job.canceled).
+
+    A greedy or seeded request is answered from the result cache when an identical one
+    succeeded within CACHE_TTL_S (200, `metrics.cache_hit`), or follows an identical one that
+    is queued or running and ends with it (`metrics.coalesced`); header `Fleet-Cache: hit`,
+    `coalesced` or `miss`. `"cache": false` or `Cache-Control: no-cache` runs it anew.
     """
     wait_s = prefer_wait()
     key = idempotency_key()
@@ -57,6 +62,8 @@ def create_job():
         response = _job_response(job, 200 if job.status.terminal else 202, wait_s)
     if submitted.replayed:
         response.headers["Idempotent-Replayed"] = "true"
+    if submitted.cache:
+        response.headers["Fleet-Cache"] = submitted.cache
     return response
 
 

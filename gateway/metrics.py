@@ -8,7 +8,8 @@ Two kinds of series:
 * fleet-wide, read from Redis at scrape time by :class:`FleetCollector`: jobs submitted
   and finished, end-to-end latency and queue-wait histograms (recorded atomically by the
   queue scripts; interactive jobs only), batch requests submitted and finished, backlog
-  and age of the oldest waiting job per lane, ready workers, dead letters.
+  and age of the oldest waiting job per lane, ready workers, dead letters, and the result
+  cache (hits, misses, coalesced requests, evictions, bytes).
   Every gateway replica reports the same values: aggregate them with ``max``, not ``sum``.
 """
 
@@ -36,6 +37,14 @@ HTTP_LATENCY = Histogram(
     "Gateway HTTP request latency.",
     ["route", "method", "status"],
 )
+
+CACHE_COUNTERS = {
+    "hits": "Requests answered from the result cache.",
+    "misses": "Cacheable requests that ran (each leads the identical ones that follow it).",
+    "coalesced": "Requests that followed an identical queued or running job.",
+    "evictions": "Cached results evicted to stay under CACHE_MAX_BYTES.",
+    "expired": "Cached results past CACHE_TTL_S, forgotten.",
+}
 
 bp = Blueprint("metrics", __name__)
 
@@ -118,6 +127,15 @@ class FleetCollector:
             "fleet_workers_ready", "Workers with the model loaded.", labels=["model"]
         )
         dead = GaugeMetricFamily("fleet_dead_letters", "Dead-lettered entries.", labels=["model"])
+        cache = {
+            name: CounterMetricFamily(f"fleet_cache_{name}", help_, labels=["model"])
+            for name, help_ in CACHE_COUNTERS.items()
+        }
+        cache_bytes = GaugeMetricFamily(
+            "fleet_cache_bytes",
+            "Bytes of cached results (counted as the scripts keep CACHE_MAX_BYTES).",
+            labels=["model"],
+        )
         for model in self.state.served_models():
             counters = stats.counters(model)
             submitted.add_metric([model], float(counters.get("submitted", 0)))
@@ -136,9 +154,12 @@ class FleetCollector:
                 oldest.add_metric([model, lane], depth.oldest_age_s)
             ready.add_metric([model], registry.ready_workers(model, max_age))
             dead.add_metric([model], stats.dead_letter_count(model))
+            for name, family in cache.items():
+                family.add_metric([model], float(counters.get(f"cache:{name}", 0)))
+            cache_bytes.add_metric([model], max(0.0, float(counters.get("cache:bytes", 0))))
         yield from (
             submitted, finished, latency, wait, batch_submitted, batch_finished,
-            backlog, oldest, ready, dead,
+            backlog, oldest, ready, dead, *cache.values(), cache_bytes,
         )  # fmt: skip
 
 

@@ -295,6 +295,7 @@ class _Request(_Strict):
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    cache: bool = True  # the fleet's own: false never answers from the result cache
 
     @model_validator(mode="before")
     @classmethod
@@ -440,6 +441,7 @@ def _generation(req: ChatCompletionRequest | CompletionRequest, limit: int) -> d
         "stop": req.stops,
         "model": req.model,
         "metadata": metadata,
+        "cache": req.cache,
     }
 
 

@@ -73,7 +73,7 @@ def list_models():
 def _complete(kind: type[ChatCompletionRequest] | type[CompletionRequest]):
     req = kind.model_validate(json_body())
     choices = openai_serving.submit(req)
-    headers = {"Fleet-Job-Id": choices.header()}
+    headers = choices.headers()
     if req.stream:
         events = stream_with_context(openai_serving.stream(choices))
         return Response(events, mimetype="text/event-stream", headers=HEADERS | headers)

@@ -65,8 +65,15 @@ class Choices:
     def model(self) -> str:
         return self.jobs[0].model
 
+    cache: list[str] = field(default_factory=list)  # per choice: hit, coalesced, miss or ''
+
     def header(self) -> str:
         return ",".join(job.id for job in self.jobs)
+
+    def headers(self) -> dict[str, str]:
+        """Its jobs' ids, and whether each came from the result cache (``Fleet-Cache``)."""
+        cache = {"Fleet-Cache": ",".join(self.cache)} if any(self.cache) else {}
+        return {"Fleet-Job-Id": self.header()} | cache
 
 
 def submit(req: Request) -> Choices:
@@ -74,14 +81,18 @@ def submit(req: Request) -> Choices:
     already are canceled, so a request runs whole or not at all."""
     limit = fleet.settings.max_new_tokens_limit
     jobs: list[Job] = []
+    cache: list[str] = []
     try:
         for raw in to_job_inputs(req, limit):
             raw["stream"] = bool(req.stream)
-            jobs.append(job_serving.submit(job_serving.parse(raw), raw, None, None).job)
+            submitted = job_serving.submit(job_serving.parse(raw), raw, None, None)
+            jobs.append(submitted.job)
+            cache.append(submitted.cache)
     except Exception:
         cancel(jobs)
         raise
-    return Choices(req, jobs, new_completion_id(isinstance(req, ChatCompletionRequest)))
+    chat = isinstance(req, ChatCompletionRequest)
+    return Choices(req, jobs, new_completion_id(chat), cache=cache)
 
 
 def respond(choices: Choices) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
+from shared.cache import fingerprint as cache_fingerprint
 from shared.idempotency import IDEMPOTENCY_TTL_S, IdempotentResultExpired, replayed_id
 from shared.job_store import JobStore
 from shared.keys import Keys
@@ -48,8 +49,12 @@ class BatchStore(FleetRedis):
         *,
         idempotency_key: str | None = None,
         fingerprint: str = "",
+        cache_owners: list[str | None] | None = None,
     ) -> SubmittedBatch:
-        """Store every request as a queued job, then queue them all in one atomic step."""
+        """Store every request as a queued job, then queue them all in one atomic step.
+
+        ``cache_owners`` holds, per request, whose cached results and running jobs it may
+        share (None: not cacheable; see JobStore.submit): repeated lines compute once."""
         keys = self.keys
         idem = keys.batch_idempotency(model, idempotency_key) if idempotency_key else None
         if idem and (prior := self.redis.get(idem)):
@@ -58,15 +63,19 @@ class BatchStore(FleetRedis):
         batch_id, now = new_batch_id(), time.time()
         common = {"batch": batch_id, **webhook_fields(options.webhook, options.job_events())}
         job_ids = [new_job_id() for _ in requests]
+        owners = cache_owners or [None] * len(requests)
         for start in range(0, len(requests), WRITE_CHUNK):
             pipe = self.redis.pipeline(transaction=False)
-            for job_id, request in zip(
+            for job_id, request, owner in zip(
                 job_ids[start : start + WRITE_CHUNK],
                 requests[start : start + WRITE_CHUNK],
+                owners[start : start + WRITE_CHUNK],
                 strict=True,
             ):
                 extra = common | {"custom_id": request.custom_id}
                 record = new_record(job_id, model, request, {}, extra=extra, now=now)
+                if owner is not None:  # commit_batch looks it up, and keeps it if it leads
+                    record["cache_fp"] = cache_fingerprint(record["input"], owner)
                 pipe.hset(keys.job(model, job_id), mapping=record)
                 pipe.expire(keys.job(model, job_id), UNCOMMITTED_TTL_S)
             pipe.execute()
@@ -82,12 +91,14 @@ class BatchStore(FleetRedis):
         ]
         outcome, *value = self._commit(
             keys=script_keys + ([idem] if idem else []),
-            args=[batch_id, fingerprint, IDEMPOTENCY_TTL_S, keys.base(model), len(job_ids),
-                  *job_ids, *pairs(record)],
+            args=[batch_id, fingerprint, IDEMPOTENCY_TTL_S, keys.base(model), repr(now),
+                  self.result_ttl_s, keys.job_finished_channel, len(job_ids), *job_ids,
+                  *pairs(record)],
         )  # fmt: skip
         if outcome == "replay":  # a concurrent request with the same key won
             return self._replay(model, value[0], fingerprint)
-        return SubmittedBatch(batch_from_record(record), replayed=False)
+        # Cached lines ended already (all of them: the batch completed).
+        return SubmittedBatch(self.get(model, batch_id) or batch_from_record(record), False)
 
     def _replay(self, model: str, stored: str, fingerprint: str) -> SubmittedBatch:
         prior_id = replayed_id(stored, fingerprint)

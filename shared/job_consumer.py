@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
+from shared.cache import CacheWrites
 from shared.consumer import StreamConsumer, ensure_group
 from shared.keys import JOBS_GROUP, Keys
 from shared.protocol import JobError, JobInput
@@ -56,6 +57,9 @@ class JobConsumer(FleetRedis):
         self._start = load(client, "start")
         self._finish = load(client, "finish")
         self._dead_letter = load(client, "dead_letter")
+        # The model version and policy finish caches results with; set by the worker once
+        # its model is loaded. The default caches nothing.
+        self.cache_writes = CacheWrites()
 
     def _as(self, consumer: str) -> StreamConsumer:
         return StreamConsumer(self.redis, JOBS_GROUP, consumer)
@@ -160,9 +164,11 @@ class JobConsumer(FleetRedis):
         last_deltas: dict[str, tuple[str, int]] | None = None,
     ) -> None:
         """Store each job's terminal fields and ack its entry, one atomic step per job; a
-        streaming job's last text delta (text, index), if any, goes in the same step."""
+        streaming job's last text delta (text, index), if any, goes in the same step, and
+        so do the ends of the jobs following it and the caching of its result."""
         keys, base = self.keys, self.keys.base(model)
         last_deltas = last_deltas or {}
+        cache = self.cache_writes.args()
         pipe = self.redis.pipeline(transaction=False)
         for entry, fields in results:
             delta, index = last_deltas.get(entry.job_id, ("", 0))
@@ -170,7 +176,7 @@ class JobConsumer(FleetRedis):
                 keys=[keys.job(model, entry.job_id), keys.stream(model, entry.lane),
                       keys.stats(model), keys.recent(model)],
                 args=[JOBS_GROUP, entry.entry_id, self.result_ttl_s, keys.job_finished_channel,
-                      entry.job_id, base, delta, index, *pairs(fields)],
+                      entry.job_id, base, delta, index, *cache, *pairs(fields)],
                 client=pipe,
             )  # fmt: skip
         pipe.execute()

@@ -1,7 +1,8 @@
 """The gateway's side of the job queue: submit, read and cancel jobs.
 
-Each change is one script (``submit.lua``, ``end_if.lua``, ``request_cancel.lua``); the
-worker's side is :mod:`shared.job_consumer`.
+Each change is one script (``submit.lua``, ``cancel.lua``, ``end_if.lua``); the worker's
+side is :mod:`shared.job_consumer`. A cacheable job may be answered from the result cache
+or follow an identical one as it is submitted (:mod:`shared.cache`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import redis
 
+from shared.cache import fingerprint as cache_fingerprint
 from shared.coalesce import ScriptCoalescer
 from shared.idempotency import IDEMPOTENCY_TTL_S, IdempotentResultExpired, replayed_id
 from shared.job_consumer import DEADLINE_ERROR, ensure_job_groups
@@ -28,6 +30,7 @@ from shared.states import JobStatus
 class Submitted:
     job: Job
     replayed: bool  # an earlier request with this Idempotency-Key made the job
+    cache: str = ""  # hit, coalesced or miss for a cacheable job; '' for any other
 
 
 class JobStore(FleetRedis):
@@ -35,7 +38,7 @@ class JobStore(FleetRedis):
         super().__init__(client, keys, result_ttl_s)
         self._submit: Callable[..., Any] = load(client, "submit")
         self._end_if = load(client, "end_if")
-        self._request_cancel = load(client, "request_cancel")
+        self._cancel = load(client, "cancel")
         self._groups: set[str] = set()  # models whose groups this process has made sure of
 
     def coalesce_submits(self) -> None:
@@ -59,20 +62,33 @@ class JobStore(FleetRedis):
         idempotency_key: str | None = None,
         fingerprint: str = "",
         extra: dict[str, str] | None = None,
+        cache_owner: str | None = None,
     ) -> Submitted:
-        """Queue a job. With an Idempotency-Key seen before, return that job instead."""
+        """Queue a job. With an Idempotency-Key seen before, return that job instead.
+
+        ``cache_owner`` (None: not cacheable) is whose cached results and running jobs it
+        may share ('' everyone's): then it may end at once from the cache, or follow an
+        identical job that is queued or running.
+        """
         self.ensure_groups_once(model)
-        job_id = new_job_id()
-        record = new_record(job_id, model, job_input, metadata, timeout_s, extra)
+        job_id, now = new_job_id(), time.time()
+        record = new_record(job_id, model, job_input, metadata, timeout_s, extra, now)
+        cache_fp = "" if cache_owner is None else cache_fingerprint(record["input"], cache_owner)
         keys = [self.keys.stream(model), self.keys.job(model, job_id), self.keys.stats(model)]
         if idempotency_key:
             keys.append(self.keys.idempotency(model, idempotency_key))
-        outcome, value = self._submit(
-            keys=keys, args=[job_id, fingerprint, IDEMPOTENCY_TTL_S, *pairs(record)]
-        )
+        outcome, *value = self._submit(
+            keys=keys,
+            args=[job_id, fingerprint, IDEMPOTENCY_TTL_S, self.keys.base(model), cache_fp,
+                  repr(now), self.result_ttl_s, self.keys.job_finished_channel, *pairs(record)],
+        )  # fmt: skip
         if outcome == "created":
-            return Submitted(job_from_record(record), replayed=False)
-        prior_id = replayed_id(value, fingerprint)
+            return Submitted(job_from_record(record), False, "miss" if cache_fp else "")
+        if outcome in ("hit", "follow"):
+            job = self.get(model, job_id)
+            assert job is not None  # just written, in the same script
+            return Submitted(job, False, "hit" if outcome == "hit" else "coalesced")
+        prior_id = replayed_id(value[0], fingerprint)
         prior = self.get(model, prior_id)
         if prior is None:
             raise IdempotentResultExpired(prior_id)
@@ -110,15 +126,17 @@ class JobStore(FleetRedis):
         return job_from_record(record)
 
     def cancel(self, model: str, job_id: str) -> Job | None:
-        """Cancel a queued job now, or ask its worker to stop a running one at its next token.
+        """Cancel a queued job now, or ask its worker to stop a running one at its next token
+        (a job that follows another, or that others follow, ends now: ``cancel.lua``).
 
         Returns the job as it stands (None if unknown); a job already terminal is unchanged.
         """
-        status = self._end(
-            model, job_id, JobStatus.QUEUED, terminal_fields(status=JobStatus.CANCELED)
-        )
-        if status == JobStatus.RUNNING:
-            self._request_cancel(keys=[self.keys.job(model, job_id)])
+        keys = self.keys
+        status = self._cancel(
+            keys=[keys.job(model, job_id), keys.stats(model), keys.recent(model)],
+            args=[self.result_ttl_s, keys.job_finished_channel, job_id, keys.base(model),
+                  *pairs(terminal_fields(status=JobStatus.CANCELED))],
+        )  # fmt: skip
         return self.get(model, job_id) if status else None
 
     def end_queued(self, model: str, job_ids: list[str], status: JobStatus) -> None:

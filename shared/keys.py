@@ -21,7 +21,8 @@ One model's keys (tag ``{m}``)::
     P:{m}:idem:{key}          string  Idempotency-Key -> "job id fingerprint"; 24 h
     P:{m}:idem:batch:{key}    string  the same for batches
     P:{m}:stats               hash    counters for metrics: submitted, finished:{status},
-                                      batch:*, latency / wait histograms ({name}:{bucket})
+                                      batch:*, latency / wait histograms ({name}:{bucket}),
+                                      cache:{hits,misses,coalesced,evictions,expired,bytes}
     P:{m}:recent              list    the last 1000 ended jobs, "completed_at latency status"
     P:{m}:batch:{id}          hash    one batch (shared.records); expires RESULT_TTL_S after
                                       it completes or is cancelled
@@ -32,6 +33,16 @@ One model's keys (tag ``{m}``)::
                                       again, and last {type: end, status}; expires with the job
     P:{m}:events              stream  outbox of webhook events {type, id, url}, written in the
                                       same script as the transition; consumer group "webhooks"
+    P:{m}:cache:{digest}      string  a cached result (the output JSON), by the digest of the
+                                      model version and the request (shared.cache); expires
+                                      min(CACHE_TTL_S, RESULT_TTL_S) after it is stored
+    P:{m}:cache-index         zset    "digest size" -> expiry time, of every cached result: the
+                                      scripts keep the cache under CACHE_MAX_BYTES with it
+    P:{m}:inflight:{fp}       string  request fingerprint -> the job computing it now (queued
+                                      or running): identical requests follow that job
+    P:{m}:followers:{id}      list    the jobs following job {id}: they end when it ends
+    P:{m}:model-version       string  the version of the model the workers serve (each worker
+                                      sets it as it loads the model)
     P:{m}:workers             zset    worker name -> unix time of its last heartbeat
     P:{m}:worker:{name}       hash    what a worker serves (model, device, loaded_at); expires
 
@@ -99,6 +110,21 @@ class Keys:
 
     def events(self, model: str) -> str:
         return self.base(model) + "events"
+
+    def cache(self, model: str, digest: str) -> str:
+        return f"{self.base(model)}cache:{digest}"
+
+    def cache_index(self, model: str) -> str:
+        return self.base(model) + "cache-index"
+
+    def inflight(self, model: str, fingerprint: str) -> str:
+        return f"{self.base(model)}inflight:{fingerprint}"
+
+    def followers(self, model: str, job_id: str) -> str:
+        return f"{self.base(model)}followers:{job_id}"
+
+    def model_version(self, model: str) -> str:
+        return self.base(model) + "model-version"
 
     def workers(self, model: str) -> str:
         return self.base(model) + "workers"

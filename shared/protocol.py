@@ -105,6 +105,13 @@ class JobInput(GenerationParams):
         return self
 
 
+CACHE_FIELD = (
+    "A greedy (temperature 0) or seeded request may be answered from the result cache, or "
+    "follow an identical one that is queued or running (metrics.cache_hit, "
+    "metrics.coalesced); false: always run it anew."
+)
+
+
 class JobCreate(JobInput):
     """Body of ``POST /v1/jobs``."""
 
@@ -134,6 +141,7 @@ class JobCreate(JobInput):
         description="Stream the text as it is generated: the answer is the job's event stream "
         "(text/event-stream, as GET /v1/jobs/{id}/events), not the job object.",
     )
+    cache: bool = Field(True, description=CACHE_FIELD)
 
     @model_validator(mode="after")
     def _events_need_webhook(self) -> JobCreate:
@@ -146,6 +154,7 @@ class BatchRequest(JobInput):
     """One line of a batch: a job's input and the caller's id for matching results."""
 
     custom_id: str = Field(min_length=1, max_length=64, description="Unique within the batch.")
+    cache: bool = Field(True, description=CACHE_FIELD)
 
 
 class BatchOptions(Strict_):
@@ -209,6 +218,11 @@ class JobMetrics(BaseModel):
     queue_seconds: float | None = None
     inference_seconds: float | None = None
     batch_size: int | None = Field(None, description="Rows in the micro-batch that ran it.")
+    cache_hit: bool = Field(False, description="Answered from the result cache: it never ran.")
+    coalesced: bool = Field(
+        False,
+        description="It followed an identical job that was queued or running, and ended with it.",
+    )
 
 
 class Job(BaseModel):

@@ -112,6 +112,8 @@ def job_from_record(record: dict[str, str]) -> Job:
         queue_seconds=round(started - created, 6) if started and created else None,
         inference_seconds=seconds(record, "inference_seconds"),
         batch_size=int(record["batch_size"]) if record.get("batch_size") else None,
+        cache_hit=record.get("cache_hit") == "1",
+        coalesced="follows" in record,
     )
     job_id = record["id"]
     urls = {

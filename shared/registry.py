@@ -18,6 +18,10 @@ class WorkerRegistry(FleetRedis):
         pipe.expire(self.keys.worker(model, worker), max(1, int(ttl_s)))
         pipe.execute()
 
+    def set_model_version(self, model: str, version: str) -> None:
+        """What new requests' cache lookups use: the version the latest worker loaded."""
+        self.redis.set(self.keys.model_version(model), version)
+
     def leave(self, model: str, worker: str) -> None:
         pipe = self.redis.pipeline(transaction=True)
         pipe.zrem(self.keys.workers(model), worker)

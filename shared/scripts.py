@@ -18,6 +18,7 @@ from pathlib import Path
 import redis
 from redis.commands.core import Script
 
+from shared.cache import CACHE_ENTRY_OVERHEAD, INFLIGHT_TTL_S
 from shared.states import (
     BATCH_COUNTER,
     EVENT_OF_BATCH_END,
@@ -68,6 +69,8 @@ def constants() -> str:
         "BATCH_COUNTER": {str(k): v for k, v in BATCH_COUNTER.items()},
         "EVENT_OF_BATCH_END": {str(k): str(v) for k, v in EVENT_OF_BATCH_END.items()},
         "BUCKETS": [[bound, bucket_name(bound)] for bound in LATENCY_BUCKETS],
+        "INFLIGHT_TTL_S": INFLIGHT_TTL_S,
+        "CACHE_ENTRY_OVERHEAD": CACHE_ENTRY_OVERHEAD,
     }
     return "".join(f"local {name} = {_lua(value)}\n" for name, value in values.items())
 

@@ -11,7 +11,7 @@ import binascii
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -177,6 +177,32 @@ class Settings(BaseSettings):
         ge=1,
         description="Batch requests queued (unread + running) above which a new batch gets 429.",
     )
+    # --- result cache ----------------------------------------------------------------------
+    cache_enabled: bool = Field(
+        True,
+        description="Answer a repeated greedy or seeded request from the result cache, and let "
+        "an identical one that arrives while the first is queued or running follow it.",
+    )
+    cache_ttl_s: int = Field(
+        300, ge=1, description="Seconds a result stays in the cache (never past RESULT_TTL_S)."
+    )
+    cache_max_bytes: int = Field(
+        67_108_864,
+        ge=1024,
+        description="Size bound of one model's cached results; past it the soonest to expire "
+        "are evicted.",
+    )
+    cache_scope: Literal["key", "global"] = Field(
+        "key",
+        description="key: a result is served only to the API key that made it; global: to "
+        "every key (where API keys exist).",
+    )
+    model_version: str | None = Field(
+        None,
+        description="What a cached result is tied to. Default: the engine and a digest of the "
+        "checkpoint's files, so a new checkpoint never serves old answers.",
+    )
+
     fault_crash_marker: str | None = Field(
         None,
         description="Testing only: a worker dies (as if OOM-killed) on a prompt "

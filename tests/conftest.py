@@ -46,7 +46,10 @@ def _pings(client: redis.Redis) -> bool:
 
 
 def fleet_env(redis_url: str, **overrides: object) -> dict[str, str]:
-    """Environment of a fleet process under test: offline, demo model, given settings."""
+    """Environment of a fleet process under test: offline, demo model, given settings.
+
+    The result cache is off: the tests of batching, scaling and faults send the same greedy
+    prompts again and need each one computed. tests/test_cache.py turns it on."""
     env = os.environ.copy()
     env.update(
         PYTHONPATH=str(ROOT),
@@ -58,6 +61,7 @@ def fleet_env(redis_url: str, **overrides: object) -> dict[str, str]:
         GATEWAY_PROCESSES="2",
         WORKER_HEARTBEAT_S="1",
         WORKER_METRICS_PORT="0",
+        CACHE_ENABLED="0",
     )
     env.pop("MODEL", None)
     env.update({k.upper(): str(v) for k, v in overrides.items()})

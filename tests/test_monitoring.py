@@ -50,6 +50,12 @@ SERIES = {
     "fleet_worker_gpu_memory_used_bytes",
     "fleet_worker_gpu_memory_total_bytes",
     "fleet_webhook_deliveries_total",
+    "fleet_cache_hits_total",
+    "fleet_cache_misses_total",
+    "fleet_cache_coalesced_total",
+    "fleet_cache_evictions_total",
+    "fleet_cache_expired_total",
+    "fleet_cache_bytes",
 }
 KNOWN_METRICS = SERIES | {
     f"{h}{suffix}" for h in HISTOGRAMS for suffix in ("_bucket", "_sum", "_count")
@@ -59,7 +65,7 @@ KNOWN_METRICS = SERIES | {
 FLEET_WIDE = re.compile(
     r"^(fleet_(jobs|batch_requests)_(submitted|finished)_total"
     r"|fleet_job_(latency|queue_wait)_seconds_\w+"
-    r"|fleet_queue_\w+|fleet_workers_ready|fleet_dead_letters)$"
+    r"|fleet_queue_\w+|fleet_workers_ready|fleet_dead_letters|fleet_cache_\w+)$"
 )
 
 ALERTS = {
@@ -78,6 +84,8 @@ PANELS = {
     "Backlog by lane (interactive / batch)",
     "Batch requests per second (submitted / finished by status)",
     "Oldest queued job age",
+    "Result cache hit ratio (hits / coalesced)",
+    "Result cache size and evictions",
     "Micro-batch size (p50 / mean) and running sequences",
     "Tokens per second per worker",
     "GPU utilisation per worker",

@@ -95,6 +95,7 @@ def test_chat_defaults_follow_openai_not_the_native_api():
     assert (req.temperature, req.top_p, req.n, req.stream) == (1.0, 1.0, 1, False)
     [body] = native(req)
     assert body == {
+        "cache": True,
         "messages": [{"role": "user", "content": "hi"}],
         "max_new_tokens": LIMIT,
         "temperature": 1.0,

@@ -13,6 +13,7 @@ Two checks, on a real Redis running as a one-node Redis Cluster:
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import socket
@@ -27,13 +28,16 @@ import redis
 from fleet.processes import Process, free_port, wait_until
 from shared import scripts
 from shared.batch_store import BatchStore
+from shared.cache import CacheWrites
+from shared.cache import fingerprint as cache_fingerprint
 from shared.dead_letters import DeadLetters
 from shared.job_consumer import JobConsumer
 from shared.job_store import JobStore
 from shared.keys import Keys
 from shared.protocol import BatchOptions, BatchRequest, JobInput, Output, Usage
 from shared.records import terminal_fields, webhook_fields
-from shared.states import DeliveryState, JobStatus
+from shared.registry import WorkerRegistry
+from shared.states import DeliveryState, JobStatus, Lane
 from webhooks.store import DeliveryStore
 
 MODEL = "m/odel-1"
@@ -221,18 +225,51 @@ def run_every_script(client: redis.Redis, keys: Keys) -> set[str]:
     consumer.finish(MODEL, [(running_request, _done())])
     assert batches.get(MODEL, batch.id).status == "cancelled"
     ids |= {batch.id, *client.lrange(keys.batch_jobs(MODEL, batch.id), 0, -1)}
+    # the result cache: a leader, a follower that leaves, one that follows to the end, a
+    # hit; a leader its client leaves while it is followed; a batch whose lines repeat
+    consumer.cache_writes = CacheWrites("v1", 60, 1 << 20)
+    registry = WorkerRegistry(client, keys, 60)
+    registry.set_model_version(MODEL, "v1")
+    greedy = JobInput(prompt="same", temperature=0.0)
+    leader = store.submit(MODEL, greedy, {}, cache_owner="", extra={"stream": "1"})
+    follower = store.submit(MODEL, greedy, {}, cache_owner="", extra={"stream": "1"})
+    leaving = store.submit(MODEL, greedy, {}, cache_owner="")
+    assert (leader.cache, follower.cache, leaving.cache) == ("miss", "coalesced", "coalesced")
+    store.cancel(MODEL, leaving.job.id)
+    consumer.drop(MODEL, consumer.read(MODEL, "w", 10, None, lanes=(Lane.BATCH,)))
+    [entry] = consumer.read_next(MODEL, "w", 10, None)
+    consumer.start(MODEL, [entry], "w")
+    assert store.cancel(MODEL, leader.job.id).status == "canceled"  # goes on for the follower
+    consumer.finish(MODEL, [(entry, _done("same"))])
+    assert store.get(MODEL, follower.job.id).output.text == "same"
+    hit = store.submit(MODEL, greedy, {}, cache_owner="")
+    assert hit.cache == "hit" and hit.job.output.text == "same"
+    cached = [BatchRequest(custom_id=str(i), prompt=f"q{i % 2}", temperature=0.0)
+              for i in range(4)]  # fmt: skip
+    repeated = batches.create(MODEL, cached, BatchOptions(), cache_owners=[""] * 4).batch
+    entries = consumer.read_next(MODEL, "w", 10, None)
+    assert len(entries) == 2
+    consumer.start(MODEL, entries, "w")
+    consumer.dead_letter(MODEL, entries[0], times_delivered=4)
+    consumer.finish(MODEL, [(entries[1], _done())])
+    assert batches.get(MODEL, repeated.id).status == "completed"
+    ids |= {leader.job.id, follower.job.id, leaving.job.id, hit.job.id, repeated.id,
+            *client.lrange(keys.batch_jobs(MODEL, repeated.id), 0, -1)}  # fmt: skip
+    fingerprints = [cache_fingerprint(JobInput(prompt=p, temperature=0.0).model_dump_json(
+        exclude_none=True), "") for p in ("same", "q0", "q1")]  # fmt: skip
     # the webhook store's scripts
     deliveries = DeliveryStore(client, keys)
     assert deliveries.create("msg_1", "http://127.0.0.1:9/x", "job.completed", "{}", 60, "job_x")
     assert deliveries.claim("msg_1", 1, lease_s=60) is not None
     deliveries.record_attempt("msg_1", {"attempt": 1}, DeliveryState.DELIVERED, None, None, 60)
     assert started.entry.job_id == first.job.id
-    return ids | {"msg_1", "job_x"}
+    return ids | {"msg_1", "job_x"}, fingerprints
 
 
-def names_keys_gives(keys: Keys, ids: set[str]) -> set[str]:
-    """Every key name :class:`Keys` gives for the scenario's model and ids."""
-    per_model = [keys.dead_letters, keys.stats, keys.recent, keys.events, keys.workers]
+def names_keys_gives(keys: Keys, ids: set[str], fingerprints: list[str]) -> set[str]:
+    """Every key name :class:`Keys` gives for the scenario's model, ids and requests."""
+    per_model = [keys.dead_letters, keys.stats, keys.recent, keys.events, keys.workers,
+                 keys.cache_index, keys.model_version]  # fmt: skip
     names = {f(MODEL) for f in per_model} | {
         keys.stream(MODEL, lane) for lane in ("interactive", "batch")
     }
@@ -241,14 +278,17 @@ def names_keys_gives(keys: Keys, ids: set[str]) -> set[str]:
         names |= {keys.job(MODEL, one), keys.batch(MODEL, one), keys.batch_jobs(MODEL, one),
                   keys.batch_results(MODEL, one), keys.webhook(one), keys.webhook_owner(one),
                   keys.tokens(MODEL, one),
-                  keys.webhook_attempts(one)}  # fmt: skip
+                  keys.webhook_attempts(one), keys.followers(MODEL, one)}  # fmt: skip
+    for fp in fingerprints:
+        digest = hashlib.sha1(f"v1 {fp}".encode()).hexdigest()
+        names |= {keys.inflight(MODEL, fp), keys.cache(MODEL, digest)}
     return names
 
 
 def test_every_script_touches_only_keys_it_declares(cluster_node, cluster_url):
     keys = Keys(f"t{time.monotonic_ns()}")
     recorder = ScriptRecorder(redis.Redis.from_url(cluster_url, decode_responses=True))
-    ids = run_every_script(cluster_node, keys)
+    ids, fingerprints = run_every_script(cluster_node, keys)
     calls = recorder.stop()
     by_sha = {
         redis.commands.core.Script(cluster_node, scripts.source(n)).sha: n for n in scripts.NAMES
@@ -258,7 +298,8 @@ def test_every_script_touches_only_keys_it_declares(cluster_node, cluster_url):
     for call in calls:
         assert not undeclared(cluster_node, call), f"{by_sha[call.sha]}: {call}"
     touched = {k for c in calls for cmd in c.commands for k in touched_keys(cluster_node, cmd)}
-    assert touched <= names_keys_gives(keys, ids), touched - names_keys_gives(keys, ids)
+    names = names_keys_gives(keys, ids, fingerprints)
+    assert touched <= names, touched - names
 
 
 def test_the_checks_catch_an_undeclared_key(cluster_node, cluster_url):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from celery import bootsteps
 
+from shared.cache import CachePolicy
 from shared.job_consumer import JobConsumer
 from shared.redis_client import connect
 from shared.registry import WorkerRegistry
@@ -26,6 +27,7 @@ from shared.settings import get_settings
 from workers.flower_tasks import FlowerTasks
 from workers.liveness import Heartbeat
 from workers.metrics import WorkerMetrics
+from workers.model_source import model_version
 
 if TYPE_CHECKING:  # torch and an engine load only in a worker, not in Flower or the CLI
     from workers.batcher import MicroBatchLoop
@@ -73,6 +75,11 @@ class MicroBatchLoopStep(bootsteps.StartStopStep):
             return
         client = connect(settings)
         jobs = JobConsumer.from_settings(settings, client)
+        info = self.engine.describe()
+        info["model_version"] = version = model_version(
+            settings, str(info["engine"]), str(info["model_path"])
+        )
+        jobs.cache_writes = CachePolicy.from_settings(settings).writes(version)
         metrics = WorkerMetrics(settings.served_model, worker_name, self.engine.nvml_index())
         try:
             metrics.serve(settings.worker_metrics_port)
@@ -82,7 +89,8 @@ class MicroBatchLoopStep(bootsteps.StartStopStep):
         loop_class = loop_for(self.engine)
         self.loop = loop_class(settings, jobs, self.engine, worker_name, tasks, metrics)
         registry = WorkerRegistry.from_settings(settings, client)
-        self.heartbeat = Heartbeat(registry, jobs, settings, self.loop, self.engine.describe())
+        registry.set_model_version(settings.served_model, version)
+        self.heartbeat = Heartbeat(registry, jobs, settings, self.loop, info)
         self.heartbeat.start()
         if self._stopping.is_set() or self._draining:
             self.loop.request_stop()

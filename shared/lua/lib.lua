@@ -1,7 +1,8 @@
 -- lib.lua: what every script shares. shared/scripts.py loads each script as
 --   #!lua (no flags: in a Redis Cluster every key must hash to the slot of its KEYS)
 --   the constants of shared/states.py and shared/stats.py (JOB, TERMINAL, BATCH, EVENT,
---     EVENT_OF_END, BATCH_COUNTER, EVENT_OF_BATCH_END, BUCKETS), generated from the enums
+--     EVENT_OF_END, BATCH_COUNTER, EVENT_OF_BATCH_END, BUCKETS, INFLIGHT_TTL_S,
+--     CACHE_ENTRY_OVERHEAD), generated from the enums and shared.cache
 --   this file
 --   the script itself
 -- so no status, event name or bucket is ever written here as a literal.
@@ -17,6 +18,13 @@ local function batch_jobs_key(base, id) return base .. 'batch-jobs:' .. id end
 local function batch_results_key(base, id) return base .. 'batch-results:' .. id end
 local function tokens_key(base, id) return base .. 'tokens:' .. id end
 local function events_key(base) return base .. 'events' end
+local function stats_key(base) return base .. 'stats' end
+local function recent_key(base) return base .. 'recent' end
+local function cache_key(base, digest) return base .. 'cache:' .. digest end
+local function cache_index_key(base) return base .. 'cache-index' end
+local function inflight_key(base, fp) return base .. 'inflight:' .. fp end
+local function followers_key(base, id) return base .. 'followers:' .. id end
+local function version_key(base) return base .. 'model-version' end
 
 -- One observation of a histogram kept in the stats hash (buckets are not cumulative).
 local function observe(stats, name, value)
@@ -89,4 +97,151 @@ local function ended(job, base, stats, recent, ttl, channel, id)
   local event = EVENT_OF_END[status]
   if r[8] and wants(r[9], event) then emit(base, event, id, r[8]) end
   redis.call('PUBLISH', channel, id)
+end
+
+-- A job's text written to its token stream in one piece, if it streams (a cached result, or
+-- the result of the job it followed).
+local function whole_text(base, job, id, output)
+  if redis.call('HGET', job, 'stream') ~= '1' then return end
+  local text = cjson.decode(output).text
+  if text ~= '' then
+    redis.call('XADD', tokens_key(base, id), '*', 'type', 'token', 'delta', text, 'index', 0)
+  end
+end
+
+-- A job now running: its status, start time and worker, and its job.started event.
+local function mark_running(base, job, id, now, worker)
+  redis.call('HSET', job, 'status', JOB.RUNNING, 'started_at', now, 'worker', worker)
+  local r = redis.call('HMGET', job, 'webhook', 'webhook_events')
+  if r[1] and wants(r[2], EVENT.JOB_STARTED) then emit(base, EVENT.JOB_STARTED, id, r[1]) end
+end
+
+-- --- the result cache and in-flight coalescing (shared.cache) ---------------------------
+-- A cacheable job carries its request fingerprint (cache_fp) while it leads: inflight:{fp}
+-- names it until its computation ends, and identical requests follow it (followers:{id};
+-- a follower carries 'follows'). A leader whose own client leaves (cancel, deadline, its
+-- batch cancelled) ends for that client alone while followers remain: its computation goes
+-- on and ends them. When it ends, a success is cached under sha1(version fingerprint).
+
+-- What a cacheable request with fingerprint fp becomes: 'hit', output | 'follow', leader
+-- id | 'lead'.
+local function lookup(base, fp)
+  local version = redis.call('GET', version_key(base)) or ''
+  local output = redis.call('GET', cache_key(base, redis.sha1hex(version .. ' ' .. fp)))
+  if output then return 'hit', output end
+  local leader = redis.call('GET', inflight_key(base, fp))
+  if leader and redis.call('EXISTS', job_key(base, leader)) == 1 then return 'follow', leader end
+  return 'lead', nil
+end
+
+-- Make a new job (its queued record written) what lookup() said. Returns true when it
+-- leads, and so must be queued; a hit ends here, a follower waits for its leader.
+local function apply_lookup(base, job, id, fp, outcome, value, now, ttl, channel)
+  local stats = stats_key(base)
+  if outcome == 'hit' then
+    redis.call('HINCRBY', stats, 'cache:hits', 1)
+    redis.call('HSET', job, 'status', JOB.SUCCEEDED, 'output', value, 'started_at', now,
+               'completed_at', now, 'inference_seconds', '0', 'cache_hit', '1')
+    whole_text(base, job, id, value)
+    ended(job, base, stats, recent_key(base), ttl, channel, id)
+    return false
+  end
+  if outcome == 'follow' then
+    redis.call('HINCRBY', stats, 'cache:coalesced', 1)
+    redis.call('HSET', job, 'follows', value)
+    redis.call('RPUSH', followers_key(base, value), id)
+    local leader = redis.call('HMGET', job_key(base, value), 'started_at', 'worker')
+    if leader[1] and leader[2] then mark_running(base, job, id, now, leader[2]) end
+    return false
+  end
+  redis.call('HINCRBY', stats, 'cache:misses', 1)
+  redis.call('HSET', job, 'cache_fp', fp)
+  redis.call('SET', inflight_key(base, fp), id, 'EX', INFLIGHT_TTL_S)
+  return true
+end
+
+-- Identical requests stop following job id's computation.
+local function release(base, fp, id)
+  local key = inflight_key(base, fp)
+  if redis.call('GET', key) == id then redis.call('DEL', key) end
+end
+
+-- A job's record ended before its computation did. Returns true when followers still want
+-- the computation (it goes on); else no later request may join it.
+local function left(base, job, id)
+  local fp = redis.call('HGET', job, 'cache_fp')
+  if not fp then return false end
+  if redis.call('LLEN', followers_key(base, id)) > 0 then return true end
+  release(base, fp, id)
+  return false
+end
+
+-- A follower ended on its own (canceled, expired): it leaves its leader's list; if its
+-- leader's own client left too, nobody wants the work now, and its worker stops it.
+local function unfollow(base, job, id)
+  local leader_id = redis.call('HGET', job, 'follows')
+  if not leader_id then return end
+  local list = followers_key(base, leader_id)
+  redis.call('LREM', list, 1, id)
+  if redis.call('LLEN', list) > 0 then return end
+  local leader = job_key(base, leader_id)
+  local l = redis.call('HMGET', leader, 'status', 'cache_fp')
+  if l[1] and TERMINAL[l[1]] and l[2] then
+    redis.call('HSET', leader, 'cancel_requested', '1')
+    release(base, l[2], leader_id)
+  end
+end
+
+-- Store a result, keeping the model's cache under max_bytes: entries Redis expired are
+-- forgotten first, then the soonest to expire are evicted.
+local function cache_store(base, digest, output, cache_ttl, max_bytes, now)
+  local key, index, stats = cache_key(base, digest), cache_index_key(base), stats_key(base)
+  local size = #key + #output + CACHE_ENTRY_OVERHEAD
+  if size > max_bytes or redis.call('EXISTS', key) == 1 then return end
+  local freed, expired = 0, 0
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', now, 'LIMIT', 0, 256)) do
+    freed, expired = freed + tonumber(string.match(member, '%d+$')), expired + 1
+    redis.call('ZREM', index, member)
+  end
+  if expired > 0 then redis.call('HINCRBY', stats, 'cache:expired', expired) end
+  redis.call('SET', key, output, 'EX', cache_ttl)
+  redis.call('ZADD', index, now + cache_ttl, digest .. ' ' .. size)
+  local bytes = redis.call('HINCRBY', stats, 'cache:bytes', size - freed)
+  while bytes > max_bytes do
+    local oldest = redis.call('ZPOPMIN', index)
+    if #oldest == 0 then break end
+    local gone, gone_size = string.match(oldest[1], '^(%x+) (%d+)$')
+    redis.call('DEL', cache_key(base, gone))
+    bytes = redis.call('HINCRBY', stats, 'cache:bytes', -tonumber(gone_size))
+    redis.call('HINCRBY', stats, 'cache:evictions', 1)
+  end
+end
+
+-- The computation of job id ended with these terminal fields (field, value, ... from
+-- index `from` of `fields`): a success is cached (when a version is given), its followers
+-- end the same way, and the next identical request leads again.
+local function settle(base, job, id, fields, from, version, cache_ttl, max_bytes, ttl, channel)
+  local fp = redis.call('HGET', job, 'cache_fp')
+  if not fp then return end
+  release(base, fp, id)
+  local result = {}
+  for i = from, #fields, 2 do result[fields[i]] = fields[i + 1] end
+  cache_ttl = tonumber(cache_ttl)
+  if result.status == JOB.SUCCEEDED and version ~= '' and cache_ttl > 0 then
+    cache_store(base, redis.sha1hex(version .. ' ' .. fp), result.output, cache_ttl,
+                tonumber(max_bytes), tonumber(result.completed_at))
+  end
+  local list = followers_key(base, id)
+  local followers = redis.call('LRANGE', list, 0, -1)
+  redis.call('DEL', list)
+  local stats, recent = stats_key(base), recent_key(base)
+  for _, f in ipairs(followers) do
+    local fjob = job_key(base, f)
+    local status = redis.call('HGET', fjob, 'status')
+    if status and not TERMINAL[status] then
+      redis.call('HSET', fjob, unpack(fields, from))
+      if result.output then whole_text(base, fjob, f, result.output) end
+      ended(fjob, base, stats, recent, ttl, channel, f)
+    end
+  end
 end
