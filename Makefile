@@ -26,7 +26,7 @@ bench: install vllm-env redis-server demo-model
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq wrk; }
 	$(PY) -m bench
 	$(PY) -m bench.priority
-	$(PY) -m bench.submit --cache both
+	$(PY) -m bench.submit
 	$(PY) -m bench.streaming
 	$(PY) -m bench.engines
 	$(PY) -m bench.cores

@@ -3,18 +3,14 @@
 A fresh fleet per run (its own redis-server on a free loopback port, one worker, the
 gateway under gunicorn), MAX_QUEUE_DEPTH high enough that nothing is refused, then ``wrk``
 POSTs 1-token greedy jobs (``{"prompt": "hi <n>", "max_new_tokens": 1}``, every prompt
-new) over keep-alive connections for a fixed time after a short untimed warm-up. Reported:
-submits/s, p50/p99 latency, non-2xx answers, and the CPU each process used (the machine's
-cores are shared by the load generator, the gateway, Redis and the worker, which runs the
-jobs meanwhile).
+new, so that none is answered from the result cache where it is on) over keep-alive
+connections for a fixed time after a short untimed warm-up. Reported: submits/s, p50/p99
+latency, non-2xx answers, and the CPU each process used (the machine's cores are shared by
+the load generator, the gateway, Redis and the worker, which runs the jobs meanwhile).
 
 ``--source DIR`` (repeatable) runs the gateway and the worker from another checkout, so a
 before/after comparison is made in one run on one machine:
 ``python -m bench.submit --source /tmp/before --source .``.
-
-``--cache both`` runs each setting with the result cache off and on: every prompt is new,
-so each submit is a cache miss (a lookup, then the in-flight mark), and the report gives
-what a miss costs (submits/s ratio, gateway and Redis CPU per submit).
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -68,7 +65,13 @@ function done(summary, latency, requests)
     summary.requests, summary.duration, bad, e.connect + e.read + e.write, e.timeout,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max))
 end
-""".replace("$BODY", BODY)
+"""
+
+
+def wrk_script(body: str = BODY) -> str:
+    """The wrk script that POSTs ``body`` (a format of the thread and request numbers).
+    Each script has its own tag in the prompts: no two runs send the same one."""
+    return WRK_SCRIPT.replace("$BODY", body.replace("%d-%d", f"{uuid.uuid4().hex[:8]}-%d-%d"))
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,6 @@ class RunResult:
     socket_errors: int
     timeouts: int
     gateway_cpu_us_per_submit: float  # what one submit costs the gateway, however busy
-    redis_cpu_us_per_submit: float
     cpu_cores: dict[str, float] = field(default_factory=dict)  # CPU s / wall s, per process
     log_problems: list[str] = field(default_factory=list)
 
@@ -203,7 +205,7 @@ def measure(
         if check.status_code != 202:
             raise RuntimeError(f"submit answered {check.status_code}: {check.text[:300]}")
         script = logs / "submit.lua"
-        script.write_text(WRK_SCRIPT)
+        script.write_text(wrk_script())
         progress(f"warm-up {args.warmup:g} s, then {args.seconds:g} s at c={args.connections}")
         run_wrk(url, script, args.warmup, args.connections, args.wrk_threads)
         worker = next(p for p in fleet.processes if p.name == "worker")
@@ -243,7 +245,6 @@ def measure(
         socket_errors=wrk["socket_errors"],
         timeouts=wrk["timeouts"],
         gateway_cpu_us_per_submit=cpu["gateway"] * wall / max(1, wrk["requests"]) * 1e6,
-        redis_cpu_us_per_submit=cpu["redis"] * wall / max(1, wrk["requests"]) * 1e6,
         cpu_cores={k: round(v, 3) for k, v in cpu.items()},
         log_problems=problems,
     )
@@ -254,8 +255,8 @@ def report(results: list[RunResult], worker: str) -> str:
         f"Gateway submits: POST /v1/jobs {BODY}, wrk keep-alive, {os.cpu_count()} CPUs, "
         f"1 worker ({worker})",
         f"{'source':<24} {'procs':>5} {'conns':>5} {'requests':>8} {'submits/s':>9} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'non-2xx':>7} {'sock err':>8} {'gw us/req':>9} "
-        f"{'redis us':>8} {'cache':>5}  CPU cores used",
+        f"{'p50 ms':>7} {'p99 ms':>7} {'non-2xx':>7} {'sock err':>8} {'gw us/req':>9}  "
+        "CPU cores used",
     ]
     for r in results:
         cpu = ", ".join(f"{k} {v:.2f}" for k, v in r.cpu_cores.items() if "gateway " not in k)
@@ -263,35 +264,24 @@ def report(results: list[RunResult], worker: str) -> str:
             f"{r.source[-24:]:<24} {r.settings['GATEWAY_PROCESSES']:>5} {r.connections:>5} "
             f"{r.requests:>8} {r.submits_per_s:>9.0f} {r.p50_ms:>7.1f} {r.p99_ms:>7.1f} "
             f"{r.non_2xx:>7} {r.socket_errors + r.timeouts:>8} "
-            f"{r.gateway_cpu_us_per_submit:>9.0f} {r.redis_cpu_us_per_submit:>8.0f} "
-            f"{_cache(r):>5}  {cpu}"
+            f"{r.gateway_cpu_us_per_submit:>9.0f}  {cpu}"
         )
-    medians = {key: _median(results, key, "submits_per_s") for key in _keys(results)}
+    medians: dict[tuple[str, str], float] = {}
+    for r in results:
+        key = (r.source, r.settings["GATEWAY_PROCESSES"])
+        same = [
+            x.submits_per_s for x in results if (x.source, x.settings["GATEWAY_PROCESSES"]) == key
+        ]
+        medians[key] = statistics.median(same)
     first = results[0]
-    for (source, procs, cache), rate in medians.items():
-        base = medians.get((first.source, procs, cache))
+    for (source, procs), rate in medians.items():
+        base = medians.get((first.source, procs))
         if base and source != first.source:
             lines.append(
                 f"{source} vs {first.source}, {procs} processes: {rate / base:.2f}x submits/s"
                 " (medians)"
             )
-    for (source, procs, cache), rate in medians.items():
-        off = (source, procs, "off")
-        if cache == "on" and off in medians:
-            cost = {
-                what: _median(results, (source, procs, "on"), what) - _median(results, off, what)
-                for what in ("gateway_cpu_us_per_submit", "redis_cpu_us_per_submit", "p50_ms")
-            }
-            lines.append(
-                f"cache on (every submit a miss) vs off, {procs} processes: "
-                f"{rate / medians[off]:.3f}x submits/s; a miss costs "
-                f"{cost['gateway_cpu_us_per_submit']:+.0f} us gateway CPU and "
-                f"{cost['redis_cpu_us_per_submit']:+.0f} us Redis CPU per submit, "
-                f"{cost['p50_ms']:+.2f} ms p50 (medians)"
-            )
-    extra = {
-        k: v for k, v in first.settings.items() if k not in ("GATEWAY_PROCESSES", "CACHE_ENABLED")
-    }
+    extra = {k: v for k, v in first.settings.items() if k != "GATEWAY_PROCESSES"}
     lines.append("settings: " + ", ".join(f"{k}={v}" for k, v in extra.items()))
     for r in results:
         errors = [line for line in r.log_problems if LOG_ERROR.search(line)]
@@ -302,20 +292,6 @@ def report(results: list[RunResult], worker: str) -> str:
                 f"run of {r.source}; its numbers are not reliable."
             )
     return "\n".join(lines)
-
-
-def _cache(run: RunResult) -> str:
-    return "on" if run.settings.get("CACHE_ENABLED") == "1" else "off"
-
-
-def _keys(results: list[RunResult]) -> list[tuple[str, str, str]]:
-    keys = [(r.source, r.settings["GATEWAY_PROCESSES"], _cache(r)) for r in results]
-    return list(dict.fromkeys(keys))
-
-
-def _median(results: list[RunResult], key: tuple[str, str, str], what: str) -> float:
-    same = [r for r in results if (r.source, r.settings["GATEWAY_PROCESSES"], _cache(r)) == key]
-    return statistics.median(getattr(r, what) for r in same)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -334,10 +310,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds", type=int, default=1, help="run every source and setting this many times"
     )
     parser.add_argument("--connections", type=int, default=64, help="concurrency (default 64)")
-    parser.add_argument(
-        "--cache", choices=("off", "on", "both"), default="off",
-        help="the result cache (CACHE_ENABLED); both: each run with it off, then on",
-    )  # fmt: skip
     parser.add_argument("--wrk-threads", type=int, default=1, help="wrk threads (default 1)")
     parser.add_argument(
         "--gunicorn-args", metavar="ARGS", help="GUNICORN_CMD_ARGS, e.g. '--worker-connections 500'"
@@ -367,17 +339,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.gunicorn_args:
         settings["GUNICORN_CMD_ARGS"] = args.gunicorn_args
     results = []
-    caches = {"off": ["0"], "on": ["1"], "both": ["0", "1"]}[args.cache]
-    plan = [
-        (s, p, c)
-        for s in sources
-        for p in args.gateway_processes or [_default_processes()]
-        for c in caches
-    ]
+    plan = [(s, p) for s in sources for p in args.gateway_processes or [_default_processes()]]
     with tempfile.TemporaryDirectory(prefix="bench-submit-") as tmp:
         for round_ in range(args.rounds):  # interleaved, so a drifting machine hits all alike
-            for i, (source, processes, cache) in enumerate(plan):
-                run = {"GATEWAY_PROCESSES": str(processes), "CACHE_ENABLED": cache, **settings}
+            for i, (source, processes) in enumerate(plan):
+                run = {"GATEWAY_PROCESSES": str(processes), **settings}
                 logs = (args.logs or Path(tmp)) / f"run{round_}-{i}"
                 results.append(measure(source, run, args, logs))
     worker = "running"

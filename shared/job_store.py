@@ -74,6 +74,8 @@ class JobStore(FleetRedis):
         job_id, now = new_job_id(), time.time()
         record = new_record(job_id, model, job_input, metadata, timeout_s, extra, now)
         cache_fp = "" if cache_owner is None else cache_fingerprint(record["input"], cache_owner)
+        if cache_fp:
+            record["cache_fp"] = cache_fp  # submit.lua keeps it only if the job leads
         keys = [self.keys.stream(model), self.keys.job(model, job_id), self.keys.stats(model)]
         if idempotency_key:
             keys.append(self.keys.idempotency(model, idempotency_key))

@@ -28,7 +28,6 @@ for i = 9, 8 + n do
   local fp = redis.call('HGET', job, 'cache_fp')
   local leads = true
   if fp then
-    redis.call('HDEL', job, 'cache_fp')  -- set again below if it leads
     local outcome, value = lookup(base, fp)
     leads = apply_lookup(base, job, ARGV[i], fp, outcome, value, ARGV[5], ARGV[6], ARGV[7])
   end

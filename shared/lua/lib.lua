@@ -127,17 +127,20 @@ end
 -- id | 'lead'.
 local function lookup(base, fp)
   local version = redis.call('GET', version_key(base)) or ''
-  local output = redis.call('GET', cache_key(base, redis.sha1hex(version .. ' ' .. fp)))
-  if output then return 'hit', output end
-  local leader = redis.call('GET', inflight_key(base, fp))
+  local found = redis.call('MGET', cache_key(base, redis.sha1hex(version .. ' ' .. fp)),
+                           inflight_key(base, fp))
+  if found[1] then return 'hit', found[1] end
+  local leader = found[2]
   if leader and redis.call('EXISTS', job_key(base, leader)) == 1 then return 'follow', leader end
   return 'lead', nil
 end
 
--- Make a new job (its queued record written) what lookup() said. Returns true when it
--- leads, and so must be queued; a hit ends here, a follower waits for its leader.
+-- Make a new job (its queued record written, with its cache_fp) what lookup() said.
+-- Returns true when it leads, and so must be queued; a hit ends here, a follower waits
+-- for its leader. Only a leader keeps cache_fp.
 local function apply_lookup(base, job, id, fp, outcome, value, now, ttl, channel)
   local stats = stats_key(base)
+  if outcome ~= 'lead' then redis.call('HDEL', job, 'cache_fp') end
   if outcome == 'hit' then
     redis.call('HINCRBY', stats, 'cache:hits', 1)
     redis.call('HSET', job, 'status', JOB.SUCCEEDED, 'output', value, 'started_at', now,
@@ -155,7 +158,6 @@ local function apply_lookup(base, job, id, fp, outcome, value, now, ttl, channel
     return false
   end
   redis.call('HINCRBY', stats, 'cache:misses', 1)
-  redis.call('HSET', job, 'cache_fp', fp)
   redis.call('SET', inflight_key(base, fp), id, 'EX', INFLIGHT_TTL_S)
   return true
 end
