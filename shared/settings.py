@@ -122,6 +122,12 @@ class Settings(BaseSettings):
     worker_heartbeat_s: float = Field(
         2.0, gt=0, description="How often a worker refreshes its liveness record and claims."
     )
+    worker_orphan_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="A worker whose parent (make up's supervisor) died exits within this, "
+        "abandoning its micro-batch to another worker's claim.",
+    )
 
     worker_metrics_port: int = Field(
         9400, ge=0, le=65535, description="Port of a worker's /metrics (0: none)."

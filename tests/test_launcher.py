@@ -4,6 +4,7 @@ each stopping cleanly."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 import signal
 import subprocess
@@ -113,11 +114,18 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
             wait_until(
                 lambda n=name, v=victim: _replaced(restart, n, v), 120, f"{name} not restarted"
             )
+            # A new process is not yet a serving one: until Redis listens again a submit is
+            # a 503 (queue_unavailable, with Retry-After), as a client would be told.
+            wait_until(lambda: _ready(restart), 120, f"not ready again after {name} restarted")
             response = requests.post(
                 f"{restart.base}/v1/jobs", json={"prompt": "again", "max_new_tokens": 4},
                 headers={"Prefer": "wait=60"}, timeout=120,
             )  # fmt: skip
-            assert response.json()["status"] == "succeeded", (name, response.text)
+            assert response.json().get("status") == "succeeded", (
+                name,
+                response.status_code,
+                response.text,
+            )
         children[restart] = _children(restart)
 
         fleets[0].proc.send_signal(signal.SIGTERM)
@@ -134,6 +142,43 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
         for launcher in fleets:
             if launcher.proc.poll() is None:
                 launcher.proc.kill()
+
+
+ORPHAN_GRACE_S = 5
+
+
+def test_no_process_outlives_a_supervisor_killed_mid_batch(tmp_path, demo_model_path):
+    """SIGKILL leaves the supervisor no time to stop anything: the kernel's parent-death
+    signal and each worker's parent watch must end the whole fleet, the worker within its
+    grace even in the middle of a long micro-batch."""
+    launcher = Launcher(tmp_path, "orphans", worker_orphan_grace_s=ORPHAN_GRACE_S, max_batch_size=4)
+    fleet: list[psutil.Process] = []
+    try:
+        launcher.wait_up()
+        lines = [{"custom_id": str(i), "prompt": f"long {i}", "max_new_tokens": 512}
+                 for i in range(8)]  # fmt: skip
+        created = requests.post(f"{launcher.base}/v1/batches", json={"requests": lines}, timeout=60)
+        assert created.status_code == 202, created.text
+        batch_url = f"{launcher.base}/v1/batches/{created.json()['id']}"
+        wait_until(
+            lambda: requests.get(batch_url, timeout=10).json()["status"] == "in_progress", 120,
+            "the batch never started",
+        )  # fmt: skip
+        fleet = _children(launcher)
+        [worker] = [c for c in fleet if "--pool=solo" in _cmd(c)]
+        killed = time.monotonic()
+        launcher.proc.kill()
+        launcher.proc.wait(10)
+        _, alive = psutil.wait_procs([worker], timeout=ORPHAN_GRACE_S + 15)
+        assert not alive, f"the worker outlived its grace by {time.monotonic() - killed:.0f} s"
+        _, alive = psutil.wait_procs(fleet, timeout=90)
+        assert not alive, [_cmd(c) or c.pid for c in alive]
+    finally:
+        if launcher.proc.poll() is None:
+            launcher.proc.kill()
+        for child in fleet:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
 
 
 def _check_webhook_defaults(launcher: Launcher, children: list[psutil.Process]) -> None:
@@ -182,6 +227,13 @@ def _cmd(proc: psutil.Process) -> str:
         return " ".join(proc.cmdline())
     except psutil.Error:  # gone, or a zombie not reaped yet
         return ""
+
+
+def _ready(launcher: Launcher) -> bool:
+    try:
+        return requests.get(f"{launcher.base}/readyz", timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False
 
 
 def _replaced(launcher: Launcher, name: str, old: psutil.Process) -> bool:

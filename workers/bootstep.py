@@ -28,6 +28,7 @@ from workers.flower_tasks import FlowerTasks
 from workers.liveness import Heartbeat
 from workers.metrics import WorkerMetrics
 from workers.model_source import model_version
+from workers.parent_watch import ParentWatch
 
 if TYPE_CHECKING:  # torch and an engine load only in a worker, not in Flower or the CLI
     from workers.batcher import MicroBatchLoop
@@ -50,9 +51,11 @@ class MicroBatchLoopStep(bootsteps.StartStopStep):
         self.threads: int | None = None  # torch intra-op threads, once set
         self._stopping = threading.Event()
         self._draining = False
+        self.parent_watch = ParentWatch(get_settings().worker_orphan_grace_s, self.drain)
         parent.fleet_step = self  # for the remote-control commands in workers.control
 
     def start(self, worker) -> None:
+        self.parent_watch.start()
         self.thread = threading.Thread(
             target=self._serve,
             args=(worker.app, worker.hostname),
