@@ -145,17 +145,22 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
 
 
 ORPHAN_GRACE_S = 5
+# A micro-batch far longer than the grace: its warm drain alone took 79 s (grace 300).
+LONG_TOKENS = 3000
 
 
 def test_no_process_outlives_a_supervisor_killed_mid_batch(tmp_path, demo_model_path):
     """SIGKILL leaves the supervisor no time to stop anything: the kernel's parent-death
     signal and each worker's parent watch must end the whole fleet, the worker within its
     grace even in the middle of a long micro-batch."""
-    launcher = Launcher(tmp_path, "orphans", worker_orphan_grace_s=ORPHAN_GRACE_S, max_batch_size=4)
+    launcher = Launcher(
+        tmp_path, "orphans", worker_orphan_grace_s=ORPHAN_GRACE_S, max_batch_size=4,
+        max_new_tokens_limit=LONG_TOKENS,
+    )  # fmt: skip
     fleet: list[psutil.Process] = []
     try:
         launcher.wait_up()
-        lines = [{"custom_id": str(i), "prompt": f"long {i}", "max_new_tokens": 512}
+        lines = [{"custom_id": str(i), "prompt": f"long {i}", "max_new_tokens": LONG_TOKENS}
                  for i in range(8)]  # fmt: skip
         created = requests.post(f"{launcher.base}/v1/batches", json={"requests": lines}, timeout=60)
         assert created.status_code == 202, created.text
