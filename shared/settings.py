@@ -23,6 +23,21 @@ _MAKE_SECRET = (
 )
 
 
+def _check_webhook_secret(value: str) -> None:
+    """One secret: whsec_ + base64 of 24 to 64 bytes. The message never shows the value."""
+    if not value.startswith("whsec_"):
+        raise ValueError(f"WEBHOOK_SECRET must start with whsec_ ({_MAKE_SECRET})")
+    encoded = value.removeprefix("whsec_")
+    try:
+        raw = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(
+            f"WEBHOOK_SECRET must be whsec_ followed by base64 ({_MAKE_SECRET})"
+        ) from None
+    if not 24 <= len(raw) <= 64:
+        raise ValueError(f"WEBHOOK_SECRET must encode 24 to 64 bytes ({_MAKE_SECRET})")
+
+
 def _default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "inference-fleet"
@@ -219,7 +234,8 @@ class Settings(BaseSettings):
     webhook_secret: SecretStr | None = Field(
         None,
         description="Standard Webhooks signing secret, whsec_ + base64 of 24..64 random bytes. "
-        "Unset: no webhook can be sent.",
+        "During a rotation two, new first ('whsec_new whsec_old'): each delivery is signed "
+        "with both, so receivers switch without a gap. Unset: no webhook can be sent.",
     )
     webhook_allow_private: bool = Field(
         False,
@@ -245,20 +261,16 @@ class Settings(BaseSettings):
     def _webhook_secret_format(cls, value: object) -> object:
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
-        if value == "" or value is None:
+        if value is None or (isinstance(value, str) and not value.strip()):
             return None
-        if not isinstance(value, str) or not value.startswith("whsec_"):
+        if not isinstance(value, str):
             raise ValueError(f"WEBHOOK_SECRET must start with whsec_ ({_MAKE_SECRET})")
-        encoded = value.removeprefix("whsec_")
-        try:
-            raw = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
-        except (binascii.Error, ValueError):
-            raise ValueError(
-                f"WEBHOOK_SECRET must be whsec_ followed by base64 ({_MAKE_SECRET})"
-            ) from None
-        if not 24 <= len(raw) <= 64:
-            raise ValueError(f"WEBHOOK_SECRET must encode 24 to 64 bytes ({_MAKE_SECRET})")
-        return value
+        secrets = value.replace(",", " ").split()
+        if len(secrets) > 2:
+            raise ValueError("WEBHOOK_SECRET holds one secret, or two during a rotation")
+        for secret in secrets:
+            _check_webhook_secret(secret)
+        return " ".join(secrets)
 
     @field_validator("webhook_retry_schedule_s", mode="before")
     @classmethod
@@ -292,6 +304,11 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @property
+    def webhook_secrets(self) -> list[str]:
+        """The signing secrets, the current one first (none when unset)."""
+        return self.webhook_secret.get_secret_value().split() if self.webhook_secret else []
 
     @property
     def served_model(self) -> str:

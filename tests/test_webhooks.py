@@ -109,7 +109,7 @@ def fleets(redis_url, tmp_path_factory) -> Iterator[tuple[Fleet, Fleet]]:
     """Two webhook workers on their own prefixes: one allows loopback receivers (as tests
     must), one does not (as production does). Started together to share the start-up."""
     logs, run = tmp_path_factory.mktemp("webhook-logs"), uuid.uuid4().hex[:8]
-    secret = _secret()
+    secret = f"{_secret()} {_secret()}"  # a rotation: new, old
     prefix_open, prefix_strict = f"wh-{run}", f"wh-strict-{run}"
     name_open, open_proc = _start_worker(redis_url, logs, prefix_open, secret, True)
     name_strict, strict_proc = _start_worker(redis_url, logs, prefix_strict, secret, False)
@@ -144,8 +144,11 @@ def _wait_ended(fleet: Fleet, delivery_id: str, timeout_s: float = 20) -> dict:
 
 
 def _verify(fleet: Fleet, request: Received) -> dict:
-    secret = fleet.settings.webhook_secret.get_secret_value()
-    return Webhook(secret).verify(request.body, request.headers)
+    """The payload, verified with the new secret (and with the old one: the same payload)."""
+    new, old = fleet.settings.webhook_secrets
+    payload = Webhook(new).verify(request.body, request.headers)
+    assert Webhook(old).verify(request.body, request.headers) == payload
+    return payload
 
 
 def _ts(value: str) -> float:
@@ -165,7 +168,8 @@ def test_delivery_is_signed_per_standard_webhooks(fleet, receiver):
     (request,) = receiver.requests("/signed")
     assert request.headers["webhook-id"] == delivery_id
     assert request.headers["Content-Type"] == "application/json"
-    assert request.headers["webhook-signature"].startswith("v1,")
+    signatures = request.headers["webhook-signature"].split(" ")
+    assert len(signatures) == 2 and all(s.startswith("v1,") for s in signatures)  # rotation
     assert abs(int(request.headers["webhook-timestamp"]) - time.time()) < 10
     payload = _verify(fleet, request)
     assert payload["type"] == "job.succeeded"
@@ -471,9 +475,15 @@ def test_webhook_settings_are_validated():
     )
     default = Settings().webhook_retry_schedule_s
     assert 80_000 <= sum(default) <= 120_000  # about a day
-    for bad in ("abc123", "whsec_!!!", "whsec_" + base64.b64encode(b"short").decode()):
-        with pytest.raises(ValidationError):
+    one, two = _secret(), _secret()
+    assert Settings(webhook_secret=f" {one}, {two} ").webhook_secrets == [one, two]
+    assert Settings(webhook_secret=one).webhook_secrets == [one]
+    assert Settings(webhook_secret="").webhook_secrets == []
+    for bad in ("abc123", "whsec_!!!", "whsec_" + base64.b64encode(b"short").decode(),
+                f"{one} whsec_!!!", f"{one} {two} {_secret()}"):  # fmt: skip
+        with pytest.raises(ValidationError) as error:
             Settings(webhook_secret=bad)
+        assert one not in str(error.value)  # a secret never reaches a message
     with pytest.raises(ValidationError):
         Settings(webhook_retry_schedule_s="5,-1")
 

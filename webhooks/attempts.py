@@ -26,14 +26,16 @@ def lease_s(settings: Settings) -> float:
     return 2 * settings.webhook_timeout_s + 30
 
 
-def signed_headers(secret: str, delivery_id: str, body: str, now: float) -> dict[str, str]:
-    """Standard Webhooks headers; ``webhook-id`` is the delivery id, the same on retries."""
-    timestamp = int(now)
-    signature = Webhook(secret).sign(delivery_id, datetime.fromtimestamp(timestamp, UTC), body)
+def signed_headers(secrets: list[str], delivery_id: str, body: str, now: float) -> dict[str, str]:
+    """Standard Webhooks headers; ``webhook-id`` is the delivery id, the same on retries.
+    With two secrets (a rotation) ``webhook-signature`` holds both signatures, space
+    separated, as the spec allows: a receiver with either secret verifies it."""
+    timestamp = datetime.fromtimestamp(int(now), UTC)
+    signatures = [Webhook(secret).sign(delivery_id, timestamp, body) for secret in secrets]
     return {
         "webhook-id": delivery_id,
-        "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature,
+        "webhook-timestamp": str(int(now)),
+        "webhook-signature": " ".join(signatures),
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
     }
@@ -51,8 +53,9 @@ def attempt_once(settings: Settings, claimed: Claimed) -> Verdict:
         return Verdict(None, str(exc), None)
     except ssrf.UnsafeURLError as exc:
         return Verdict(None, f"URL refused: {exc}", DeliveryState.FAILED)
-    secret = settings.webhook_secret.get_secret_value()
-    headers = signed_headers(secret, claimed.delivery_id, claimed.payload, time.time())
+    headers = signed_headers(
+        settings.webhook_secrets, claimed.delivery_id, claimed.payload, time.time()
+    )
     try:
         response = transport.post(
             target, claimed.payload.encode(), headers, settings.webhook_timeout_s
