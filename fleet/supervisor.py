@@ -41,9 +41,10 @@ class Service:
 
 
 class Supervisor:
-    def __init__(self, env: dict[str, str], cwd: str) -> None:
+    def __init__(self, env: dict[str, str], cwd: str, pass_fds: tuple[int, ...] = ()) -> None:
         self.env = env
         self.cwd = cwd
+        self.pass_fds = pass_fds  # inherited by every child (the DATA_DIR lock)
         self.services: list[Service] = []
         self.stopping = threading.Event()
         self._print_lock = threading.Lock()
@@ -66,6 +67,7 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=die_with_parent,
+            pass_fds=self.pass_fds,
             text=True,
             errors="replace",
             bufsize=1,

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import redis
 from prometheus_client import start_http_server
 
-from fleet import commands
+from fleet import commands, data_dir_lock
 from fleet.autoscaler import Autoscaler
 from fleet.supervisor import Service, Supervisor
 from fleet.worker_pool import WorkerPool, visible_gpus
@@ -49,11 +49,16 @@ def main() -> int:
               "is missing: run `make up ENGINE=vllm` (or `make vllm-env` first)",
               file=sys.stderr)  # fmt: skip
         return 2
+    try:
+        lock = data_dir_lock.hold(settings.data_dir)
+    except data_dir_lock.DataDirInUse as exc:
+        print(f"cannot start: {exc}", file=sys.stderr)
+        return 2
     env = dict(os.environ, PYTHONPATH=str(commands.ROOT), REDIS_URL=settings.effective_redis_url)
     if not settings.model:
         env["HF_HUB_OFFLINE"] = "1"  # the demo model is local; never reach a hub
     notes = webhook_defaults(settings, env)
-    supervisor = Supervisor(env, cwd=str(commands.ROOT))
+    supervisor = Supervisor(env, cwd=str(commands.ROOT), pass_fds=(lock,))
     logging.basicConfig(
         level=logging.INFO, format="%(message)s", handlers=[_SayHandler(supervisor)]
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -12,9 +13,10 @@ import sys
 import time
 
 import psutil
+import pytest
 import requests
 
-from fleet import commands
+from fleet import commands, data_dir_lock
 from fleet.processes import free_port, wait_until
 from shared.settings import Settings
 from tests.conftest import ROOT, fleet_env
@@ -42,6 +44,7 @@ class Launcher:
             **settings,
         )
         env.pop("REDIS_URL")  # the launcher starts its own embedded Redis
+        self.start_env = env
         for name in [n for n in env if n.upper() in ("WEBHOOK_SECRET", "WEBHOOK_ALLOW_PRIVATE")]:
             del env[name]  # make up's local defaults apply
         self.env = env | {"REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0"}  # its clients
@@ -169,15 +172,25 @@ def test_no_process_outlives_a_supervisor_killed_mid_batch(tmp_path, demo_model_
             lambda: requests.get(batch_url, timeout=10).json()["status"] == "in_progress", 120,
             "the batch never started",
         )  # fmt: skip
+        # A second fleet on the same DATA_DIR is refused while this one runs...
+        second = subprocess.run(
+            [sys.executable, "-m", "fleet.up"], cwd=ROOT, env=launcher.start_env,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 2 and "still runs on DATA_DIR" in second.stderr, second
         fleet = _children(launcher)
         [worker] = [c for c in fleet if "--pool=solo" in _cmd(c)]
         killed = time.monotonic()
         launcher.proc.kill()
         launcher.proc.wait(10)
+        # ...and while anything of it is left, though its supervisor is gone.
+        with pytest.raises(data_dir_lock.DataDirInUse):
+            data_dir_lock.hold(launcher.data_dir)
         _, alive = psutil.wait_procs([worker], timeout=ORPHAN_GRACE_S + 15)
         assert not alive, f"the worker outlived its grace by {time.monotonic() - killed:.0f} s"
         _, alive = psutil.wait_procs(fleet, timeout=90)
         assert not alive, [_cmd(c) or c.pid for c in alive]
+        os.close(data_dir_lock.hold(launcher.data_dir))  # free again once all are gone
     finally:
         if launcher.proc.poll() is None:
             launcher.proc.kill()
