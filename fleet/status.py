@@ -100,7 +100,7 @@ def main() -> int:
     try:
         print(render(settings, stats, registry, worker_stats(settings), time.time()))
     except redis.RedisError as exc:
-        print(f"cannot read the fleet at {settings.effective_redis_url}: {exc}", file=sys.stderr)
+        print(f"cannot read the fleet at {settings.shown_redis_url}: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -166,7 +166,7 @@ def start_redis(supervisor: Supervisor, settings: Settings) -> None:
             pass  # replaying its AOF
         except redis.ConnectionError as exc:
             if time.monotonic() > deadline:
-                raise StartupError(f"redis at {settings.effective_redis_url}: {exc}") from None
+                raise StartupError(f"redis at {settings.shown_redis_url}: {exc}") from None
         time.sleep(0.2)
 
 
@@ -224,7 +224,7 @@ def wait_ready(
         + ("   (basic auth from FLOWER_BASIC_AUTH)" if settings.flower_basic_auth else ""),
         f"  metrics   {base}/metrics  (worker: "
         f"http://127.0.0.1:{settings.worker_metrics_port}/metrics{webhook_metrics})",
-        f"  redis     {settings.effective_redis_url}",
+        f"  redis     {settings.shown_redis_url}",
         f"  model     {settings.served_model}   (engine: "
         f"{commands.worker_engine(settings, visible_gpus())})",
         f"  webhooks  {commands.webhook_worker_name()}",

@@ -12,6 +12,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -36,6 +37,16 @@ def _check_webhook_secret(value: str) -> None:
         ) from None
     if not 24 <= len(raw) <= 64:
         raise ValueError(f"WEBHOOK_SECRET must encode 24 to 64 bytes ({_MAKE_SECRET})")
+
+
+def masked_url(url: str) -> str:
+    """``url`` with the password of its user info replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}***@{host}"))
 
 
 def _default_cache_dir() -> Path:
@@ -329,6 +340,11 @@ class Settings(BaseSettings):
     @property
     def effective_redis_url(self) -> str:
         return self.redis_url or self.embedded_redis_url
+
+    @property
+    def shown_redis_url(self) -> str:
+        """The Redis URL as it may be printed or logged: its password masked."""
+        return masked_url(self.effective_redis_url)
 
 
 @lru_cache(maxsize=1)
