@@ -56,6 +56,7 @@ class Choices:
     jobs: list[Job]
     id: str  # chatcmpl-... or cmpl-...
     created: int = field(default_factory=lambda: int(time.time()))
+    cache: list[str] = field(default_factory=list)  # per choice: hit, coalesced, miss or ''
 
     @property
     def chat(self) -> bool:
@@ -64,8 +65,6 @@ class Choices:
     @property
     def model(self) -> str:
         return self.jobs[0].model
-
-    cache: list[str] = field(default_factory=list)  # per choice: hit, coalesced, miss or ''
 
     def header(self) -> str:
         return ",".join(job.id for job in self.jobs)

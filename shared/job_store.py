@@ -86,9 +86,9 @@ class JobStore(FleetRedis):
         )  # fmt: skip
         if outcome == "created":
             return Submitted(job_from_record(record), False, "miss" if cache_fp else "")
-        if outcome in ("hit", "follow"):
-            job = self.get(model, job_id)
-            assert job is not None  # just written, in the same script
+        if outcome in ("hit", "follow"):  # the script returns the record it wrote
+            flat = value[0]
+            job = job_from_record(dict(zip(flat[::2], flat[1::2], strict=True)))
             return Submitted(job, False, "hit" if outcome == "hit" else "coalesced")
         prior_id = replayed_id(value[0], fingerprint)
         prior = self.get(model, prior_id)

@@ -7,8 +7,9 @@
 --       base, [5] cache fingerprint ('' : not cacheable), [6] now, [7] result TTL s,
 --       [8] job-finished channel, [9..] field, value, ...
 -- Reply: {'replay', "job-id fingerprint"} when the Idempotency-Key was used before (nothing
---   is written), else {'created', entry id}, {'hit'} (the job succeeded already) or
---   {'follow', leader job id}.
+--   is written), else {'created', entry id}, or {'hit', record} (the job succeeded
+--   already) or {'follow', record} (it follows an identical job), record being the job's
+--   hash as HGETALL gives it, so the gateway need not read it back.
 -- The XADD, the write that may fail, comes first: Redis never rolls a script back.
 if KEYS[4] then
   local prior = redis.call('GET', KEYS[4])
@@ -25,6 +26,5 @@ if KEYS[4] then
 end
 redis.call('HINCRBY', KEYS[3], 'submitted', 1)
 if fp ~= '' then apply_lookup(base, KEYS[2], ARGV[1], fp, outcome, value, ARGV[6], ARGV[7], ARGV[8]) end
-if outcome == 'hit' then return {'hit'} end
-if outcome == 'follow' then return {'follow', value} end
+if outcome ~= 'lead' then return {outcome, redis.call('HGETALL', KEYS[2])} end
 return {'created', entry}
