@@ -6,10 +6,12 @@ import logging
 
 from flask import Flask
 
-from gateway import batches, health, jobs, metrics, openai_routes, openapi
+from gateway import admin, auth, batches, health, jobs, metrics, openai_routes, openapi
 from gateway.errors import register_error_handlers
 from gateway.extensions import Fleet
 from shared.settings import Settings, get_settings
+
+log = logging.getLogger("gateway")
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -19,9 +21,15 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.json.sort_keys = False
     Fleet(settings).init_app(app)
     register_error_handlers(app)
-    for blueprint in (jobs.bp, batches.bp, openai_routes.bp, health.bp, openapi.bp):
+    auth.init_app(app)
+    for blueprint in (jobs.bp, batches.bp, openai_routes.bp, admin.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     metrics.init_app(app)
     openapi.api_spec.register(app)
     logging.getLogger("gateway").setLevel(logging.INFO)
+    if not settings.require_api_keys:
+        log.warning(
+            "REQUIRE_API_KEYS is off: anyone who reaches this gateway can submit, read every "
+            "job and use the admin routes (make up turns keys on unless AUTH=off)"
+        )
     return app

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from gateway import serving
+from gateway import auth, serving
 from gateway.errors import APIError
 from gateway.extensions import fleet
 from gateway.inputs import cache_allowed
@@ -51,12 +51,13 @@ def create(
     model = resolve_model(options.model)
     check_webhook(options.webhook)
     check_room(model, len(requests))
-    allowed = cache_allowed()
+    allowed, key = cache_allowed(), auth.caller()
     with idempotency_errors("batch"):
         return fleet.batches.create(
             model, requests, options,
             idempotency_key=idempotency_key, fingerprint=request_fingerprint,
-            cache_owners=[fleet.cache.owner(r, r.cache and allowed) for r in requests],
+            cache_owners=[fleet.cache.owner(r, r.cache and allowed, key.id) for r in requests],
+            owner=key.id,
         )  # fmt: skip
 
 

@@ -6,9 +6,12 @@ from flask import Flask, current_app
 from werkzeug.local import LocalProxy
 
 from gateway.backpressure import Backpressure
+from gateway.rate_limits import RateLimits, TokenRefunds
 from gateway.waiting import JobWaiter
+from shared.api_keys import ApiKeyStore
 from shared.batch_store import BatchStore
 from shared.cache import CachePolicy
+from shared.dead_letters import DeadLetters
 from shared.job_store import JobStore
 from shared.redis_client import connect
 from shared.registry import WorkerRegistry
@@ -17,8 +20,8 @@ from shared.stats import QueueStats
 
 
 class Fleet:
-    """What a request needs: settings, the stores (one Redis pool), and the waiter for
-    ``Prefer: wait``."""
+    """What a request needs: settings, the stores (one Redis pool), API keys and their
+    limits, and the waiter for ``Prefer: wait``."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -31,6 +34,12 @@ class Fleet:
         self.stats = QueueStats.from_settings(settings, client)
         self.registry = WorkerRegistry.from_settings(settings, client)
         self.backpressure = Backpressure(self.stats, settings.max_queue_depth)
+        self.api_keys = ApiKeyStore.from_settings(settings, client)
+        self.dead_letters = DeadLetters.from_settings(settings, client)
+        self.rate_limits = RateLimits(client, self.keys, settings)
+        self.token_refunds = TokenRefunds(
+            client, self.keys, self.served_models(), self.api_keys, self.rate_limits
+        )
         # Each open event stream waits in XREAD on a connection of its own.
         self.stream_reader = connect(settings, max_connections=settings.gateway_max_streams)
         # The subscriber blocks on its socket for as long as no job ends: no read timeout.

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway import serving
+from gateway import auth, serving
 from gateway.backpressure import QueueFull
 from gateway.errors import APIError
 from gateway.extensions import fleet
 from gateway.inputs import cache_allowed
 from gateway.serving import check_webhook, idempotency_errors, resolve_model
 from shared.idempotency import fingerprint
-from shared.job_store import Submitted
+from shared.job_store import OwnerQueueFull, Submitted
 from shared.protocol import Job, JobCreate, is_job_id
 from shared.records import webhook_fields
 from shared.states import DEFAULT_JOB_EVENTS, JobStatus
 from webhooks import deliveries_of
+
+OWNER_RETRY_S = 2  # a key at its cap of unfinished jobs: its jobs end every few seconds
 
 
 def parse(raw: dict[str, Any]) -> JobCreate:
@@ -36,14 +38,32 @@ def submit(
     check_webhook(body.webhook)
     check_room(model)
     events = body.webhook_events or DEFAULT_JOB_EVENTS
-    with idempotency_errors("job"):
-        submitted = fleet.jobs.submit(
-            model, body, body.metadata, timeout_s=body.timeout_s,
-            idempotency_key=idempotency_key,
-            fingerprint=fingerprint(raw) if idempotency_key else "",
-            extra=webhook_fields(body.webhook, events) | ({"stream": "1"} if body.stream else {}),
-            cache_owner=fleet.cache.owner(body, body.cache and cache_allowed()),
-        )  # fmt: skip
+    extra = webhook_fields(body.webhook, events) | ({"stream": "1"} if body.stream else {})
+    key = auth.caller()
+    charged = auth.charge_tokens(body.max_new_tokens)
+    try:
+        with idempotency_errors("job"):
+            submitted = fleet.jobs.submit(
+                model, body, body.metadata, timeout_s=body.timeout_s,
+                idempotency_key=idempotency_key,
+                fingerprint=fingerprint(raw) if idempotency_key else "",
+                extra=extra,
+                cache_owner=fleet.cache.owner(body, body.cache and cache_allowed(), key.id),
+                owner=key.id, queue_cap=auth.queue_cap(key), charged_tokens=charged,
+            )  # fmt: skip
+    except OwnerQueueFull as full:
+        auth.give_back_tokens(charged)
+        raise APIError(
+            429, "rate_limited",
+            f"this API key has {full.unfinished} unfinished jobs, its cap (KEY_MAX_QUEUED or "
+            f"the key's max_queued); retry after {OWNER_RETRY_S} s",
+            headers={"Retry-After": str(OWNER_RETRY_S)},
+        ) from None  # fmt: skip
+    except Exception:
+        auth.give_back_tokens(charged)
+        raise
+    if submitted.replayed:  # nothing new was queued: the first request paid
+        auth.give_back_tokens(charged)
     job = submitted.job
     if wait_s and not body.stream and not job.status.terminal:
         job = fleet.waiter.wait(job.id, wait_s, lambda: fleet.jobs.get(model, job.id)) or job

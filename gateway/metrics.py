@@ -28,6 +28,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from gateway import auth
+from gateway.errors import APIError
 from gateway.extensions import Fleet, fleet
 from shared.states import LANES, TERMINAL_STATUSES
 from shared.stats import LATENCY_BUCKETS, bucket_name
@@ -51,6 +53,11 @@ bp = Blueprint("metrics", __name__)
 
 @bp.get("/metrics")
 def metrics() -> Response:
+    if not auth.metrics_allowed():
+        raise APIError(
+            401, "invalid_metrics_token", "/metrics needs 'Authorization: Bearer <METRICS_TOKEN>'",
+            headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+        )  # fmt: skip
     if "PROMETHEUS_MULTIPROC_DIR" in os.environ:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
+from gateway import auth
 from gateway.errors import APIError
 from gateway.extensions import fleet
 from shared.idempotency import IdempotencyConflict, IdempotentResultExpired
@@ -77,13 +78,18 @@ T = TypeVar("T")
 
 
 def find(
-    kind: str, object_id: str, is_id: Callable[[str], bool], get: Callable[[str, str], T | None]
+    kind: str,
+    object_id: str,
+    is_id: Callable[[str], bool],
+    get: Callable[[str, str, str | None], T | None],
 ) -> T:
     """A job or batch by its id, whichever served model holds it; 404 if none does (the id
-    is unknown, malformed, or its record expired)."""
+    is unknown, malformed, its record expired, or another API key made it: ids leak
+    nothing)."""
     if is_id(object_id):
+        owner = auth.visible_owner()
         for model in fleet.served_models():
-            found = get(model, object_id)
+            found = get(model, object_id, owner)
             if found is not None:
                 return found
     raise APIError(

@@ -50,38 +50,43 @@ class BatchStore(FleetRedis):
         idempotency_key: str | None = None,
         fingerprint: str = "",
         cache_owners: list[str | None] | None = None,
+        owner: str = "",
     ) -> SubmittedBatch:
         """Store every request as a queued job, then queue them all in one atomic step.
 
         ``cache_owners`` holds, per request, whose cached results and running jobs it may
-        share (None: not cacheable; see JobStore.submit): repeated lines compute once."""
+        share (None: not cacheable; see JobStore.submit): repeated lines compute once.
+        ``owner``, the API key creating it, owns the batch and each of its jobs."""
         keys = self.keys
-        idem = keys.batch_idempotency(model, idempotency_key) if idempotency_key else None
+        idem = keys.batch_idempotency(model, idempotency_key, owner) if idempotency_key else None
         if idem and (prior := self.redis.get(idem)):
             return self._replay(model, prior, fingerprint)
         self.jobs.ensure_groups_once(model)
         batch_id, now = new_batch_id(), time.time()
         common = {"batch": batch_id, **webhook_fields(options.webhook, options.job_events())}
+        if owner:
+            common["owner"] = owner
         job_ids = [new_job_id() for _ in requests]
-        owners = cache_owners or [None] * len(requests)
+        sharers = cache_owners or [None] * len(requests)
         for start in range(0, len(requests), WRITE_CHUNK):
             pipe = self.redis.pipeline(transaction=False)
-            for job_id, request, owner in zip(
+            for job_id, request, sharer in zip(
                 job_ids[start : start + WRITE_CHUNK],
                 requests[start : start + WRITE_CHUNK],
-                owners[start : start + WRITE_CHUNK],
+                sharers[start : start + WRITE_CHUNK],
                 strict=True,
             ):
                 extra = common | {"custom_id": request.custom_id}
                 record = new_record(job_id, model, request, {}, extra=extra, now=now)
-                if owner is not None:  # commit_batch looks it up, and keeps it if it leads
-                    record["cache_fp"] = cache_fingerprint(record["input"], owner)
+                if sharer is not None:  # commit_batch looks it up, and keeps it if it leads
+                    record["cache_fp"] = cache_fingerprint(record["input"], sharer)
                 pipe.hset(keys.job(model, job_id), mapping=record)
                 pipe.expire(keys.job(model, job_id), UNCOMMITTED_TTL_S)
             pipe.execute()
         record = new_batch_record(
             batch_id, model, len(requests), options.metadata,
-            webhook_fields(options.webhook, options.events()), now,
+            webhook_fields(options.webhook, options.events()) | ({"owner": owner} if owner else {}),
+            now,
         )  # fmt: skip
         script_keys = [
             keys.stream(model, Lane.BATCH),
@@ -107,9 +112,12 @@ class BatchStore(FleetRedis):
             raise IdempotentResultExpired(prior_id)
         return SubmittedBatch(batch, replayed=True)
 
-    def get(self, model: str, batch_id: str) -> Batch | None:
+    def get(self, model: str, batch_id: str, owner: str | None = None) -> Batch | None:
+        """The batch; with an ``owner``, None unless that API key made it."""
         record = self.redis.hgetall(self.keys.batch(model, batch_id))
-        return batch_from_record(record) if record else None
+        if not record or (owner is not None and record.get("owner", "") != owner):
+            return None
+        return batch_from_record(record)
 
     def results(self, model: str, batch_id: str) -> Iterator[str]:
         """The result lines of the requests that ended so far, in the order they ended."""

@@ -26,6 +26,14 @@ from shared.scripts import load, pairs
 from shared.states import JobStatus
 
 
+class OwnerQueueFull(Exception):
+    """The API key has its cap (KEY_MAX_QUEUED) of unfinished jobs; nothing was written."""
+
+    def __init__(self, unfinished: int) -> None:
+        super().__init__(unfinished)
+        self.unfinished = unfinished
+
+
 @dataclass(frozen=True)
 class Submitted:
     job: Job
@@ -63,26 +71,37 @@ class JobStore(FleetRedis):
         fingerprint: str = "",
         extra: dict[str, str] | None = None,
         cache_owner: str | None = None,
+        owner: str = "",
+        queue_cap: int = 0,
+        charged_tokens: int = 0,
     ) -> Submitted:
         """Queue a job. With an Idempotency-Key seen before, return that job instead.
 
         ``cache_owner`` (None: not cacheable) is whose cached results and running jobs it
         may share ('' everyone's): then it may end at once from the cache, or follow an
-        identical job that is queued or running.
+        identical job that is queued or running. ``owner`` is the API key that may see it
+        ('' : any caller); past ``queue_cap`` unfinished jobs of that key (0: no cap)
+        OwnerQueueFull is raised. ``charged_tokens`` were taken from the key's tokens per
+        minute: what the job does not generate is given back when it ends.
         """
         self.ensure_groups_once(model)
         job_id, now = new_job_id(), time.time()
         record = new_record(job_id, model, job_input, metadata, timeout_s, extra, now)
+        if owner:
+            record["owner"] = owner
+            if charged_tokens:
+                record["charged"] = str(charged_tokens)
         cache_fp = "" if cache_owner is None else cache_fingerprint(record["input"], cache_owner)
         if cache_fp:
             record["cache_fp"] = cache_fp  # submit.lua keeps it only if the job leads
         keys = [self.keys.stream(model), self.keys.job(model, job_id), self.keys.stats(model)]
         if idempotency_key:
-            keys.append(self.keys.idempotency(model, idempotency_key))
+            keys.append(self.keys.idempotency(model, idempotency_key, owner))
         outcome, *value = self._submit(
             keys=keys,
             args=[job_id, fingerprint, IDEMPOTENCY_TTL_S, self.keys.base(model), cache_fp,
-                  repr(now), self.result_ttl_s, self.keys.job_finished_channel, *pairs(record)],
+                  repr(now), self.result_ttl_s, self.keys.job_finished_channel, owner,
+                  queue_cap if owner else 0, *pairs(record)],
         )  # fmt: skip
         if outcome == "created":
             return Submitted(job_from_record(record), False, "miss" if cache_fp else "")
@@ -90,6 +109,8 @@ class JobStore(FleetRedis):
             flat = value[0]
             job = job_from_record(dict(zip(flat[::2], flat[1::2], strict=True)))
             return Submitted(job, False, "hit" if outcome == "hit" else "coalesced")
+        if outcome == "full":
+            raise OwnerQueueFull(int(value[0]))
         prior_id = replayed_id(value[0], fingerprint)
         prior = self.get(model, prior_id)
         if prior is None:
@@ -115,10 +136,11 @@ class JobStore(FleetRedis):
             for entry_id, fields in entries
         ]
 
-    def get(self, model: str, job_id: str) -> Job | None:
-        """The job; a queued job past its deadline is expired on the way (no worker may be up)."""
+    def get(self, model: str, job_id: str, owner: str | None = None) -> Job | None:
+        """The job; a queued job past its deadline is expired on the way (no worker may be up).
+        With an ``owner``, None unless that API key made it (None: anyone's)."""
         record = self.redis.hgetall(self.keys.job(model, job_id))
-        if not record:
+        if not record or (owner is not None and record.get("owner", "") != owner):
             return None
         deadline = record.get("deadline")
         if record["status"] == JobStatus.QUEUED and deadline and float(deadline) < time.time():

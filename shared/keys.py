@@ -18,8 +18,9 @@ One model's keys (tag ``{m}``)::
                                       the interactive one leaves in a micro-batch
     P:{m}:dead                stream  dead letters: entries delivered more than
                                       MAX_DELIVERIES times, {job, entry, deliveries, at, lane}
-    P:{m}:idem:{key}          string  Idempotency-Key -> "job id fingerprint"; 24 h
-    P:{m}:idem:batch:{key}    string  the same for batches
+    P:{m}:idem:{owner}:{key}  string  Idempotency-Key -> "job id fingerprint"; 24 h; {owner} is
+                                      the API key's id ('' without keys): keys are per caller
+    P:{m}:idem:batch:{owner}:{key}  string  the same for batches
     P:{m}:stats               hash    counters for metrics: submitted, finished:{status},
                                       batch:*, latency / wait histograms ({name}:{bucket}),
                                       cache:{hits,misses,coalesced,evictions,expired,bytes}
@@ -43,10 +44,21 @@ One model's keys (tag ``{m}``)::
     P:{m}:followers:{id}      list    the jobs following job {id}: they end when it ends
     P:{m}:model-version       string  the version of the model the workers serve (each worker
                                       sets it as it loads the model)
+    P:{m}:active:{owner}      set     the unfinished interactive jobs of one API key with a
+                                      queue cap (KEY_MAX_QUEUED): submit.lua counts them
+    P:{m}:token-refunds       list    "owner tokens" per ended job charged to a key's tokens per
+                                      minute: the unused part of its max_new_tokens, for the
+                                      gateway to give back (gateway.rate_limits)
     P:{m}:workers             zset    worker name -> unix time of its last heartbeat
     P:{m}:worker:{name}       hash    what a worker serves (model, device, loaded_at); expires
 
 Fleet-wide::
+
+    P:api-key:{digest}                hash     one API key (shared.api_keys), by the SHA-256 of
+                                               its secret: id, name, scopes, limits, times
+    P:api-keys                        hash     key id -> digest, of every key
+    P:limits/...                      (limits) per-key request and token counters, written by
+                                               the `limits` library
 
     P:job-finished                    channel  job ids, published when a job ends
     P:{webhooks}:webhook:{id}         hash     one webhook delivery (webhooks.store)
@@ -84,11 +96,17 @@ class Keys:
     def dead_letters(self, model: str) -> str:
         return self.base(model) + "dead"
 
-    def idempotency(self, model: str, key: str) -> str:
-        return f"{self.base(model)}idem:{key}"
+    def idempotency(self, model: str, key: str, owner: str = "") -> str:
+        return f"{self.base(model)}idem:{owner}:{key}"
 
-    def batch_idempotency(self, model: str, key: str) -> str:
-        return f"{self.base(model)}idem:batch:{key}"
+    def batch_idempotency(self, model: str, key: str, owner: str = "") -> str:
+        return f"{self.base(model)}idem:batch:{owner}:{key}"
+
+    def owner_active(self, model: str, owner: str) -> str:
+        return f"{self.base(model)}active:{owner}"
+
+    def token_refunds(self, model: str) -> str:
+        return self.base(model) + "token-refunds"
 
     def stats(self, model: str) -> str:
         return self.base(model) + "stats"
@@ -131,6 +149,16 @@ class Keys:
 
     def worker(self, model: str, name: str) -> str:
         return f"{self.base(model)}worker:{name}"
+
+    def api_key(self, digest: str) -> str:
+        return f"{self.prefix}:api-key:{digest}"
+
+    def api_keys(self) -> str:
+        return f"{self.prefix}:api-keys"
+
+    def rate_limits_prefix(self) -> str:
+        """The `limits` library's key_prefix."""
+        return f"{self.prefix}:limits"
 
     def webhook(self, delivery_id: str) -> str:
         return f"{self.prefix}:{_WEBHOOKS}:webhook:{delivery_id}"

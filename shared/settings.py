@@ -209,6 +209,32 @@ class Settings(BaseSettings):
         ge=1,
         description="Batch requests queued (unread + running) above which a new batch gets 429.",
     )
+    # --- API keys and per-key limits ----------------------------------------------------
+    require_api_keys: bool = Field(
+        False,
+        description="Every /v1 and /openai/v1 request needs `Authorization: Bearer <key>` "
+        "(python -m fleet.keys). `make up` and the k8s manifests turn it on; off, anyone who "
+        "reaches the gateway may do anything.",
+    )
+    key_rpm: int = Field(
+        0, ge=0, description="Requests per minute of a key that sets none (0: no limit)."
+    )
+    key_tpm: int = Field(
+        0,
+        ge=0,
+        description="Generated tokens per minute of a key that sets none (0: no limit); a job "
+        "is charged its max_new_tokens at submit and given back what it did not generate.",
+    )
+    key_max_queued: int | None = Field(
+        None,
+        ge=0,
+        description="Unfinished interactive jobs one key may have (0: no cap). Default: a "
+        "quarter of MAX_QUEUE_DEPTH, so that no key's flood fills the queue for the others.",
+    )
+    metrics_token: SecretStr | None = Field(
+        None, description="If set, /metrics needs `Authorization: Bearer <this>`."
+    )
+
     # --- result cache ----------------------------------------------------------------------
     cache_enabled: bool = Field(
         True,
@@ -310,11 +336,18 @@ class Settings(BaseSettings):
         return self
 
     @field_validator(
-        "model", "model_name", "redis_url", "flower_basic_auth", "fault_crash_marker", mode="before"
-    )
+        "model", "model_name", "redis_url", "flower_basic_auth", "fault_crash_marker",
+        "metrics_token", "key_max_queued", mode="before",
+    )  # fmt: skip
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @property
+    def default_key_max_queued(self) -> int:
+        if self.key_max_queued is not None:
+            return self.key_max_queued
+        return max(1, self.max_queue_depth // 4)
 
     @property
     def webhook_secrets(self) -> list[str]:

@@ -195,8 +195,12 @@ def run_every_script(client: redis.Redis, keys: Keys) -> set[str]:
     webhook["stream"] = "1"  # and its text goes to its token stream
     ids: set[str] = set()
     # submit (with an Idempotency-Key and a webhook), start, finish
-    first = store.submit(MODEL, JobInput(prompt="a"), {}, idempotency_key="k1", extra=webhook)
-    assert store.submit(MODEL, JobInput(prompt="a"), {}, idempotency_key="k1").replayed
+    # by an API key with a cap on unfinished jobs, charged tokens it gives back as it ends
+    owned = {"owner": "key_t", "queue_cap": 5, "charged_tokens": 64}
+    first = store.submit(
+        MODEL, JobInput(prompt="a"), {}, idempotency_key="k1", extra=webhook, **owned
+    )
+    assert store.submit(MODEL, JobInput(prompt="a"), {}, idempotency_key="k1", **owned).replayed
     [entry] = consumer.read_next(MODEL, "w", 10, None)
     [started], _ = consumer.start(MODEL, [entry], "w")
     consumer.append_tokens(MODEL, [(entry.job_id, "o", 0)], cap=100)
@@ -273,7 +277,8 @@ def names_keys_gives(keys: Keys, ids: set[str], fingerprints: list[str]) -> set[
     names = {f(MODEL) for f in per_model} | {
         keys.stream(MODEL, lane) for lane in ("interactive", "batch")
     }
-    names |= {keys.idempotency(MODEL, "k1"), keys.batch_idempotency(MODEL, "k2")}
+    names |= {keys.idempotency(MODEL, "k1", "key_t"), keys.batch_idempotency(MODEL, "k2"),
+              keys.owner_active(MODEL, "key_t"), keys.token_refunds(MODEL)}  # fmt: skip
     for one in ids:
         names |= {keys.job(MODEL, one), keys.batch(MODEL, one), keys.batch_jobs(MODEL, one),
                   keys.batch_results(MODEL, one), keys.webhook(one), keys.webhook_owner(one),

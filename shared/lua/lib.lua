@@ -25,6 +25,8 @@ local function cache_index_key(base) return base .. 'cache-index' end
 local function inflight_key(base, fp) return base .. 'inflight:' .. fp end
 local function followers_key(base, id) return base .. 'followers:' .. id end
 local function version_key(base) return base .. 'model-version' end
+local function active_key(base, owner) return base .. 'active:' .. owner end
+local function refunds_key(base) return base .. 'token-refunds' end
 
 -- One observation of a histogram kept in the stats hash (buckets are not cumulative).
 local function observe(stats, name, value)
@@ -71,13 +73,23 @@ local function batch_request_ended(base, batch_id, status, id, custom_id, output
   if b[6] and wants(b[7], event) then emit(base, event, batch_id, b[6]) end
 end
 
--- After a job's terminal fields are written: TTL, stats (interactive jobs) or batch
--- counts (batch requests), the recent list, the end of a streaming job's token stream,
+-- After a job's terminal fields are written: TTL, its API key's unfinished jobs and unused
+-- tokens, stats (interactive jobs) or batch counts (batch requests), the recent list, the end of a streaming job's token stream,
 -- the job-finished message, the webhook event.
 local function ended(job, base, stats, recent, ttl, channel, id)
   redis.call('EXPIRE', job, ttl)
   local r = redis.call('HMGET', job, 'status', 'created_at', 'completed_at', 'batch',
-                       'custom_id', 'output', 'error', 'webhook', 'webhook_events', 'stream')
+                       'custom_id', 'output', 'error', 'webhook', 'webhook_events', 'stream',
+                       'owner', 'charged')
+  if r[11] then
+    redis.call('SREM', active_key(base, r[11]), id)
+    if r[12] then  -- give back the tokens per minute it was charged and did not generate
+      local used = 0
+      if r[6] then used = cjson.decode(r[6])['usage']['completion_tokens'] end
+      local unused = tonumber(r[12]) - used
+      if unused > 0 then redis.call('RPUSH', refunds_key(base), r[11] .. ' ' .. unused) end
+    end
+  end
   if r[10] == '1' then
     local tokens = tokens_key(base, id)
     redis.call('XADD', tokens, '*', 'type', 'end', 'status', r[1])
@@ -122,6 +134,19 @@ end
 -- a follower carries 'follows'). A leader whose own client leaves (cancel, deadline, its
 -- batch cancelled) ends for that client alone while followers remain: its computation goes
 -- on and ends them. When it ends, a success is cached under sha1(version fingerprint).
+
+-- Whether an API key has fewer than ``cap`` unfinished interactive jobs. ended() removes
+-- each job from the set; at the cap, members whose job is gone or ended anyway (a record
+-- that expired) are dropped before counting again, so the set cannot leak its way full.
+local function below_cap(base, owner, cap)
+  local key = active_key(base, owner)
+  if redis.call('SCARD', key) < cap then return true end
+  for _, id in ipairs(redis.call('SMEMBERS', key)) do
+    local status = redis.call('HGET', job_key(base, id), 'status')
+    if status ~= 'queued' and status ~= 'running' then redis.call('SREM', key, id) end
+  end
+  return redis.call('SCARD', key) < cap
+end
 
 -- What a cacheable request with fingerprint fp becomes: 'hit', output | 'follow', leader
 -- id | 'lead'.

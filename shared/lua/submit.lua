@@ -5,8 +5,10 @@
 --       [4] the Idempotency-Key's key (only when the request has one)
 -- ARGV: [1] job id, [2] request fingerprint, [3] idempotency TTL s, [4] the model's key
 --       base, [5] cache fingerprint ('' : not cacheable), [6] now, [7] result TTL s,
---       [8] job-finished channel, [9..] field, value, ...
+--       [8] job-finished channel, [9] API key id ('' : none), [10] the key's cap on
+--       unfinished jobs (0 : none), [11..] field, value, ...
 -- Reply: {'replay', "job-id fingerprint"} when the Idempotency-Key was used before (nothing
+--   is written), {'full', unfinished} when the key has its cap of unfinished jobs (nothing
 --   is written), else {'created', entry id}, or {'hit', record} (the job succeeded
 --   already) or {'follow', record} (it follows an identical job), record being the job's
 --   hash as HGETALL gives it, so the gateway need not read it back.
@@ -16,11 +18,16 @@ if KEYS[4] then
   if prior then return {'replay', prior} end
 end
 local base, fp = ARGV[4], ARGV[5]
+local owner, cap = ARGV[9], tonumber(ARGV[10])
+if cap > 0 and not below_cap(base, owner, cap) then
+  return {'full', redis.call('SCARD', active_key(base, owner))}
+end
 local outcome, value = 'lead', nil
 if fp ~= '' then outcome, value = lookup(base, fp) end
 local entry = nil
 if outcome == 'lead' then entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1]) end
-redis.call('HSET', KEYS[2], unpack(ARGV, 9))
+redis.call('HSET', KEYS[2], unpack(ARGV, 11))
+if cap > 0 then redis.call('SADD', active_key(base, owner), ARGV[1]) end
 if KEYS[4] then
   redis.call('SET', KEYS[4], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[3])
 end
