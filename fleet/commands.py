@@ -27,11 +27,13 @@ def worker_engine(settings: Settings, gpus: int) -> str:
     return "vllm" if gpus and VLLM_PYTHON.exists() else "transformers"
 
 
-def redis_server(port: int, data_dir: Path) -> list[str]:
-    """An embedded Redis: AOF, fsync every second, loopback only, no RDB snapshots."""
+def redis_server(port: int, data_dir: Path, config: Path | None = None) -> list[str]:
+    """An embedded Redis: AOF, fsync every second, loopback only, no RDB snapshots. What
+    must not be on its command line (the password) comes from the ``config`` file."""
     data_dir.mkdir(parents=True, exist_ok=True)
     return [
         "redis-server",
+        *([str(config)] if config else []),  # redis-server takes a config file first
         "--port", str(port),
         "--bind", "127.0.0.1",
         "--dir", str(data_dir),

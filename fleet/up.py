@@ -1,6 +1,7 @@
 """``make up``: run the whole fleet in the foreground until Ctrl-C or SIGTERM.
 
-Starts, in order: Redis (embedded, AOF under DATA_DIR, unless REDIS_URL is set), the
+Starts, in order: Redis (embedded, AOF under DATA_DIR, unless REDIS_URL is set; its
+password is generated once into DATA_DIR/redis.password, see :mod:`fleet.embedded_redis`), the
 webhook worker, MIN_WORKERS inference workers, the gateway under gunicorn, and Flower; then
 the autoscaler adds and drains workers with the queue's backlog. Crashed processes are
 restarted. On Ctrl-C or SIGTERM everything is stopped in reverse order; a second signal
@@ -25,11 +26,12 @@ import sys
 import time
 import urllib.request
 from collections.abc import Sequence
+from pathlib import Path
 
 import redis
 from prometheus_client import start_http_server
 
-from fleet import commands, data_dir_lock
+from fleet import commands, data_dir_lock, embedded_redis
 from fleet.autoscaler import Autoscaler
 from fleet.supervisor import Service, Supervisor
 from fleet.worker_pool import WorkerPool, visible_gpus
@@ -54,7 +56,17 @@ def main() -> int:
     except data_dir_lock.DataDirInUse as exc:
         print(f"cannot start: {exc}", file=sys.stderr)
         return 2
-    env = dict(os.environ, PYTHONPATH=str(commands.ROOT), REDIS_URL=settings.effective_redis_url)
+    try:
+        redis_config = None if settings.redis_url else embedded_redis.prepare(settings)
+    except embedded_redis.PasswordFileError as exc:
+        print(f"cannot start: {exc}", file=sys.stderr)
+        return 2
+    # The embedded Redis's password never travels in the environment: every child reads it
+    # from DATA_DIR (Settings.embedded_redis_url), given as an absolute path.
+    env = dict(
+        os.environ, PYTHONPATH=str(commands.ROOT), REDIS_URL=settings.redis_url or "",
+        DATA_DIR=str(settings.data_dir.resolve()),
+    )  # fmt: skip
     if not settings.model:
         env["HF_HUB_OFFLINE"] = "1"  # the demo model is local; never reach a hub
     notes = webhook_defaults(settings, env)
@@ -70,7 +82,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, interrupt)  # also when started with SIGINT ignored (`cmd &`)
     try:
         check_ports_free(settings)
-        start_redis(supervisor, settings)
+        start_redis(supervisor, settings, redis_config)
         start_webhook_worker(supervisor, settings)
         ensure_model(supervisor, settings, env)
         pool = WorkerPool(supervisor, settings)
@@ -151,10 +163,10 @@ def warn_metrics_port_overlap(supervisor: Supervisor, settings: Settings, worker
         )
 
 
-def start_redis(supervisor: Supervisor, settings: Settings) -> None:
+def start_redis(supervisor: Supervisor, settings: Settings, config: Path | None) -> None:
     if not settings.redis_url:
         data_dir = settings.data_dir.resolve() / "redis"
-        argv = commands.redis_server(settings.embedded_redis_port, data_dir)
+        argv = commands.redis_server(settings.embedded_redis_port, data_dir, config)
         supervisor.start(Service("redis", argv, stop_timeout_s=30))
     client = redis.Redis.from_url(settings.effective_redis_url, socket_connect_timeout=1)
     deadline = time.monotonic() + 30
@@ -212,6 +224,8 @@ def wait_ready(
     else:
         supervisor.say(f"not ready after {timeout_s}s; still trying (see the logs above)")
     flower = f"http://{_display_host(settings)}:{settings.flower_port}"
+    password_file = settings.embedded_redis_password_file
+    redis_note = "" if settings.redis_url else f"   (password in {password_file})"
     webhook_metrics = (
         f", webhooks: http://127.0.0.1:{settings.webhook_metrics_port}/metrics"
         if settings.webhook_metrics_port
@@ -224,7 +238,7 @@ def wait_ready(
         + ("   (basic auth from FLOWER_BASIC_AUTH)" if settings.flower_basic_auth else ""),
         f"  metrics   {base}/metrics  (worker: "
         f"http://127.0.0.1:{settings.worker_metrics_port}/metrics{webhook_metrics})",
-        f"  redis     {settings.shown_redis_url}",
+        f"  redis     {settings.shown_redis_url}" + redis_note,
         f"  model     {settings.served_model}   (engine: "
         f"{commands.worker_engine(settings, visible_gpus())})",
         f"  webhooks  {commands.webhook_worker_name()}",

@@ -12,12 +12,14 @@ import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEMO_MODEL_ID = "demo/qwen3.5-tiny-awq"
+# The embedded Redis's password, in DATA_DIR: `make up` generates it once (mode 0600).
+EMBEDDED_REDIS_PASSWORD_FILE = "redis.password"
 _MAKE_SECRET = (
     "make one with: python3 -c 'import base64, os; "
     'print("whsec_" + base64.b64encode(os.urandom(32)).decode())\'; empty: no webhooks'
@@ -367,8 +369,19 @@ class Settings(BaseSettings):
         return 3 * self.worker_heartbeat_s
 
     @property
+    def embedded_redis_password_file(self) -> Path:
+        return self.data_dir / EMBEDDED_REDIS_PASSWORD_FILE
+
+    @property
     def embedded_redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.embedded_redis_port}/0"
+        """The embedded Redis, with the password `make up` keeps in DATA_DIR once it exists:
+        every process of the fleet reads it there, so it is never on a command line."""
+        try:
+            password = self.embedded_redis_password_file.read_text().strip()
+        except FileNotFoundError:
+            password = ""
+        auth = f":{quote(password, safe='')}@" if password else ""
+        return f"redis://{auth}127.0.0.1:{self.embedded_redis_port}/0"
 
     @property
     def effective_redis_url(self) -> str:

@@ -37,7 +37,7 @@ def test_backlog_scales_up_to_max_then_back_to_min(tmp_path, demo_model_path):
     try:
         launcher.wait_up()
         assert _workers(launcher) == 1
-        client = redis.Redis(port=launcher.redis_port, decode_responses=True)
+        client = redis.Redis.from_url(launcher.redis_url, decode_responses=True)
         mark("fleet up, 1 worker")
         body = {"prompt": "Scale me", "max_new_tokens": 64}
         with ThreadPoolExecutor(16) as pool:

@@ -74,7 +74,8 @@ def test_max_new_tokens_default_is_capped_by_the_limit(redis_url):
     assert too_many.status_code == 422
 
 
-def test_settings_come_from_the_environment(monkeypatch):
+def test_settings_come_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DATA_DIR", str(tmp_path))  # no embedded Redis password there
     monkeypatch.setenv("GATEWAY_PORT", "8123")
     monkeypatch.setenv("MAX_BATCH_SIZE", "4")
     monkeypatch.setenv("MODEL", "")

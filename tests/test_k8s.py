@@ -53,7 +53,7 @@ CLUSTER_SCOPED_KINDS = {"Namespace"}
 # Schemas shipped by kubernetes-validate (pinned in requirements.txt): its newest.
 KUBERNETES_VERSION = "1.37"
 # Custom resources: the Kubernetes schemas do not have them (tested field by field below).
-CRD_KINDS = {"ScaledObject"}
+CRD_KINDS = {"ScaledObject", "TriggerAuthentication"}
 CONSUMER_GROUP = JOBS_GROUP
 
 
@@ -308,6 +308,153 @@ def test_redis_runs_with_aof():
     assert "redis" in _objects("Service")
 
 
+# --- Redis auth ------------------------------------------------------------------------------
+
+REDIS_SECRET_KEY = "REDIS_PASSWORD"
+# REDIS_URL of every fleet pod: the in-cluster Redis, with the Secret's password.
+FLEET_REDIS_URL = "redis://:$(REDIS_PASSWORD)@redis:6379/0"
+
+
+def _redis_secret() -> tuple[str, str]:
+    """The name of the Secret that holds the Redis password, and its placeholder value."""
+    (secret,) = _objects("Secret").values()
+    return secret["metadata"]["name"], secret["stringData"][REDIS_SECRET_KEY]
+
+
+def _fleet_redis_url() -> str:
+    return _env(_container("Deployment", "gateway"))["REDIS_URL"]
+
+
+def _strings(node: object) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _strings(key)
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+
+
+def test_redis_requires_the_password_from_the_secret():
+    container = _container("StatefulSet", "redis")
+    env = container["env"]
+    names = [e["name"] for e in env]
+    secret_name, _ = _redis_secret()
+    password_var = env[names.index("REDIS_PASSWORD")]
+    assert password_var["valueFrom"]["secretKeyRef"] == {
+        "name": secret_name,
+        "key": REDIS_SECRET_KEY,
+    }
+    # The readiness probe's redis-cli authenticates from the environment.
+    assert names.index("REDISCLI_AUTH") > names.index("REDIS_PASSWORD")
+    assert _env(container)["REDISCLI_AUTH"] == "$(REDIS_PASSWORD)"
+    assert "redis-cli" in " ".join(container["readinessProbe"]["exec"]["command"])
+    # requirepass comes on stdin ("-", last), never as an argument anyone can see in ps.
+    argv = _argv(container)
+    assert argv[:2] == ["sh", "-c"]
+    script = argv[2]
+    assert "requirepass $REDIS_PASSWORD" in script
+    assert "--requirepass" not in script
+
+
+def _run_redis_start(tmp_path: Path, password: str) -> subprocess.CompletedProcess:
+    """The Redis container's start script, with an image entrypoint that prints what it was
+    given (its arguments, then its stdin) instead of starting Redis."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    entrypoint = bin_dir / "docker-entrypoint.sh"
+    entrypoint.write_text('#!/bin/sh\necho "argv: $*"\ncat\n')
+    entrypoint.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "REDIS_PASSWORD": password}
+    return subprocess.run(
+        _argv(_container("StatefulSet", "redis")), env=env, capture_output=True, text=True,
+        timeout=10, check=False,
+    )  # fmt: skip
+
+
+def test_redis_start_script_hands_the_password_over_on_stdin(tmp_path):
+    password = "0123456789abcdef" * 4  # as `openssl rand -hex 32` makes them
+    started = _run_redis_start(tmp_path, password)
+    assert started.returncode == 0, started.stderr
+    argv_line, stdin = started.stdout.split("\n", 1)
+    assert argv_line.startswith("argv: redis-server ") and argv_line.endswith(" -")
+    assert password not in argv_line
+    assert "--appendonly yes" in argv_line and "--protected-mode yes" in argv_line
+    assert stdin == f"requirepass {password}\n"
+    # The Secret's placeholder, an empty password or one a URL cannot carry: no Redis.
+    _, placeholder = _redis_secret()
+    for refused in (placeholder, "", "has/slash", "has space", "a@b"):
+        started = _run_redis_start(tmp_path, refused)
+        assert started.returncode == 1 and not started.stdout, refused
+        assert "REDIS_PASSWORD" in started.stderr
+
+
+def test_every_fleet_pod_connects_with_the_redis_password(builds):
+    """Every container that loads the fleet's settings builds REDIS_URL from the Secret's
+    password, defined before it (a $(VAR) expands only variables defined above it)."""
+    secret_name, _ = _redis_secret()
+    seen: dict[str, set[str]] = {name: set() for name in builds}
+    for name, objects in builds.items():
+        for workload_id, workload in _workloads(objects).items():
+            for container in _containers(workload):
+                if {"configMapRef": {"name": "fleet-config"}} not in container.get("envFrom", []):
+                    continue
+                where = f"{name}: {workload_id}"
+                names = [e["name"] for e in container.get("env", [])]
+                assert "REDIS_URL" in names and "REDIS_PASSWORD" in names, where
+                assert names.index("REDIS_PASSWORD") < names.index("REDIS_URL"), where
+                assert _secret_ref(container, "REDIS_PASSWORD") == (
+                    secret_name,
+                    REDIS_SECRET_KEY,
+                ), where
+                assert _env(container)["REDIS_URL"] == FLEET_REDIS_URL, where
+                seen[name].add(workload_id)
+    fleet = {f"Deployment/{n}" for n in ("gateway", "worker", "webhooks", "flower")}
+    assert seen["base"] == fleet
+    assert seen["controller"] == fleet | {"Deployment/autoscaler"}
+    # As a pod gets it: a URL the settings take, with the password masked when shown.
+    url = FLEET_REDIS_URL.replace("$(REDIS_PASSWORD)", "0123abcd" * 8)
+    settings = Settings(redis_url=url)
+    assert settings.shown_redis_url == "redis://:***@redis:6379/0"
+
+
+def test_keda_authenticates_to_redis_with_the_secrets_password():
+    auth = _one(COMPONENT_OBJECTS["keda"], "TriggerAuthentication")
+    assert auth["apiVersion"] == "keda.sh/v1alpha1"
+    secret_name, _ = _redis_secret()
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "password", "name": secret_name, "key": REDIS_SECRET_KEY}
+    ]
+    for trigger in _triggers().values():
+        assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+        assert "password" not in trigger["metadata"]
+
+
+def test_no_manifest_holds_a_redis_password():
+    """The only password is the Secret's placeholder: every Redis URL and password variable
+    takes it from the Secret, and nothing passes one on a command line (--requirepass,
+    redis-cli -a), where `ps` on the node would show it."""
+    _, placeholder = _redis_secret()
+    patches = [yaml.safe_load(p["patch"]) for p in _load(VLLM / "kustomization.yaml")[0]["patches"]]
+    for obj in [*ALL_OBJECTS, *patches]:
+        if isinstance(obj, dict) and obj.get("kind") == "Secret":
+            continue
+        for text in _strings(obj):
+            for url in re.findall(r"rediss?://\S+", text):
+                assert urlsplit(url).password in (None, "$(REDIS_PASSWORD)"), url
+            assert "--requirepass" not in text and "redis-cli -a" not in text, text
+            assert not re.search(r"requirepass (?!\$REDIS_PASSWORD\b)", text), text
+    for workload in _workloads(ALL_OBJECTS).values():
+        for container in _containers(workload):
+            for name, value in _env(container).items():
+                if "PASSWORD" in name or name == "REDISCLI_AUTH":
+                    assert value in (None, "$(REDIS_PASSWORD)"), f"{container['name']}: {name}"
+    text = "".join(p.read_text() for p in K8S.rglob("*.y*ml"))
+    assert text.count(f'{REDIS_SECRET_KEY}: "{placeholder}"') == 1
+
+
 def test_configmap_keys_are_fleet_settings_with_valid_values():
     (config,) = _objects("ConfigMap").values()
     data = config["data"]
@@ -317,7 +464,8 @@ def test_configmap_keys_are_fleet_settings_with_valid_values():
     assert all(k == k.upper() for k in data)
     settings = Settings(**{k.lower(): v for k, v in data.items()})
     assert settings.gateway_host == "0.0.0.0"
-    assert settings.model and settings.redis_url
+    assert settings.model
+    assert "REDIS_URL" not in data, "it carries the Redis password: each Deployment sets it"
     gateway_ports = {p["containerPort"] for p in _container("Deployment", "gateway")["ports"]}
     assert settings.gateway_port in gateway_ports
 
@@ -620,7 +768,7 @@ def test_scaled_object_reads_the_stream_the_gateway_writes():
     meta = triggers[Lane.INTERACTIVE]["metadata"]
     # The Redis of REDIS_URL, reached from KEDA's own namespace: a Service of the fleet's
     # namespace by its namespaced name, any other host as it is.
-    url = urlsplit(settings.redis_url)
+    url = urlsplit(_fleet_redis_url())
     assert int(meta.get("databaseIndex", "0")) == int(url.path.strip("/") or 0)
     if "address" in meta:
         host, port = meta["address"].rsplit(":", 1)

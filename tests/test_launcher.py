@@ -8,12 +8,15 @@ import contextlib
 import os
 import re
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
 
 import psutil
 import pytest
+import redis
 import requests
 
 from fleet import commands, data_dir_lock
@@ -47,7 +50,9 @@ class Launcher:
         self.start_env = env
         for name in [n for n in env if n.upper() in ("WEBHOOK_SECRET", "WEBHOOK_ALLOW_PRIVATE")]:
             del env[name]  # make up's local defaults apply
-        self.env = env | {"REDIS_URL": f"redis://127.0.0.1:{self.redis_port}/0"}  # its clients
+        # Its clients: no REDIS_URL, so they find the embedded Redis and its password in
+        # DATA_DIR, as `make status` does.
+        self.env = dict(env)
         self.log = tmp_path / f"{name}.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
@@ -57,6 +62,11 @@ class Launcher:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+
+    @property
+    def redis_url(self) -> str:
+        settings = Settings(data_dir=self.data_dir, embedded_redis_port=self.redis_port)
+        return settings.embedded_redis_url
 
     @property
     def base(self) -> str:
@@ -79,6 +89,7 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
         for launcher in fleets:
             launcher.wait_up()
         children = {f: _children(f) for f in fleets}
+        passwords = {f: _check_redis_locked_down(f, children[f]) for f in fleets}
         for launcher in fleets:
             names = " ".join(_cmd(c) for c in children[launcher])
             for expected in ("redis-server", "gunicorn", "worker", "flower", "webhooks.celery_app"):
@@ -136,6 +147,7 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
         for launcher in fleets:
             assert launcher.proc.wait(180) == 0, launcher.output()[-3000:]
             assert "stopped" in launcher.output()
+            _check_password_in_no_log(launcher, passwords[launcher])
         time.sleep(0.5)
         left = [
             c for cs in children.values() for c in cs if c.is_running() and c.status() != "zombie"
@@ -217,6 +229,48 @@ def _check_webhook_defaults(launcher: Launcher, children: list[psutil.Process]) 
             assert environ["WEBHOOK_ALLOW_PRIVATE"] == "1", _cmd(child)
             checked += 1
     assert checked >= 2
+
+
+def _check_redis_locked_down(launcher: Launcher, children: list[psutil.Process]) -> str:
+    """The embedded Redis requires the password make up generated into DATA_DIR (mode 0600),
+    which reaches no command line and no environment; every fleet process, Flower and `make
+    status` connect with it. Returns the password."""
+    password_file = launcher.data_dir / "redis.password"
+    for path in (password_file, launcher.data_dir / "redis.conf"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    password = password_file.read_text().strip()
+    assert len(password) >= 40  # secrets.token_urlsafe(32)
+    with socket.create_connection(("127.0.0.1", launcher.redis_port), timeout=5) as sock:
+        sock.sendall(b"PING\r\n")
+        assert sock.recv(100).startswith(b"-NOAUTH"), "an unauthenticated PING was answered"
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis(port=launcher.redis_port, password="not-" + password, retry=None).ping()
+    assert redis.Redis(port=launcher.redis_port, password=password).ping()
+    assert launcher.redis_url == f"redis://:{password}@127.0.0.1:{launcher.redis_port}/0"
+    argv = [" ".join(p.info["cmdline"] or ()) for p in psutil.process_iter(["cmdline"])]
+    assert not [line for line in argv if password in line]
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            assert password not in str(child.environ()), _cmd(child)
+    assert ":***@127.0.0.1" in launcher.output() and password not in launcher.output()
+    broker = requests.get(f"http://127.0.0.1:{launcher.flower_port}/broker", timeout=30)
+    assert broker.status_code == 200 and "127.0.0.1" in broker.text
+    assert password not in broker.text
+    status = subprocess.run(
+        [sys.executable, "-m", "fleet.status"], cwd=ROOT, env=launcher.env, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    assert password not in status.stdout + status.stderr
+    return password
+
+
+def _check_password_in_no_log(launcher: Launcher, password: str) -> None:
+    assert password not in launcher.output()
+    kept = {launcher.data_dir / "redis.password", launcher.data_dir / "redis.conf"}
+    for path in launcher.data_dir.rglob("*"):
+        if path.is_file() and path not in kept:
+            assert password.encode() not in path.read_bytes(), path
 
 
 def _pings_webhook_worker(launcher: Launcher) -> bool:
