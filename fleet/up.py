@@ -7,6 +7,9 @@ the autoscaler adds and drains workers with the queue's backlog. Crashed process
 restarted. On Ctrl-C or SIGTERM everything is stopped in reverse order; a second signal
 kills at once.
 
+API keys are on (REQUIRE_API_KEYS=1) unless AUTH=off (or REQUIRE_API_KEYS=0) is given: with
+no admin key in Redis yet, one is made and printed once (Redis keeps only its hash).
+
 Local webhook defaults, the same for every child (the gateway accepts a webhook URL only
 with a secret set, the webhook worker signs with it, receivers verify with it): without
 WEBHOOK_SECRET, one is generated for this run and printed; without WEBHOOK_ALLOW_PRIVATE,
@@ -35,6 +38,7 @@ from fleet import commands, data_dir_lock, embedded_redis
 from fleet.autoscaler import Autoscaler
 from fleet.supervisor import Service, Supervisor
 from fleet.worker_pool import WorkerPool, visible_gpus
+from shared.api_keys import ApiKeyStore, Scope
 from shared.settings import Settings, get_settings
 from shared.stats import QueueStats
 from workers import demo_model
@@ -70,6 +74,7 @@ def main() -> int:
     if not settings.model:
         env["HF_HUB_OFFLINE"] = "1"  # the demo model is local; never reach a hub
     notes = webhook_defaults(settings, env)
+    keys_on = api_keys_wanted(settings, env)
     supervisor = Supervisor(env, cwd=str(commands.ROOT), pass_fds=(lock,))
     logging.basicConfig(
         level=logging.INFO, format="%(message)s", handlers=[_SayHandler(supervisor)]
@@ -83,6 +88,7 @@ def main() -> int:
     try:
         check_ports_free(settings)
         start_redis(supervisor, settings, redis_config)
+        key_notes = first_admin_key(settings) if keys_on else _KEYS_OFF
         start_webhook_worker(supervisor, settings)
         ensure_model(supervisor, settings, env)
         pool = WorkerPool(supervisor, settings)
@@ -92,7 +98,9 @@ def main() -> int:
         pool.scale_to(autoscaler.policy.min_workers)
         supervisor.start(Service("gateway", commands.gateway(), 75))
         supervisor.start(Service("flower", commands.flower(settings)))
-        wait_ready(supervisor, settings, autoscaler.policy.min_workers > 0, notes)
+        wait_ready(
+            supervisor, settings, autoscaler.policy.min_workers > 0, notes, key_notes, keys_on
+        )
         supervisor.say(
             f"autoscaling {autoscaler.policy.min_workers}..{pool.max_workers} workers "
             f"({pool.gpus or 'no'} GPUs), {settings.target_backlog_per_worker} queued jobs each"
@@ -110,6 +118,36 @@ def main() -> int:
         supervisor.stop_all()
         supervisor.say("stopped")
     return 0
+
+
+_KEYS_OFF = [
+    "off (AUTH=off): anyone who reaches the gateway can submit, read every job and use the "
+    "admin routes"
+]
+
+
+def api_keys_wanted(settings: Settings, env: dict[str, str]) -> bool:
+    """Keys on for every child unless AUTH=off or REQUIRE_API_KEYS is set false."""
+    if os.environ.get("AUTH", "").strip().lower() in ("off", "0", "false", "no"):
+        env["REQUIRE_API_KEYS"] = "0"
+        return False
+    if any(name.upper() == "REQUIRE_API_KEYS" for name in os.environ):
+        return settings.require_api_keys  # as given
+    env["REQUIRE_API_KEYS"] = "1"
+    return True
+
+
+def first_admin_key(settings: Settings) -> list[str]:
+    """Make an admin key if Redis holds none: what to print about keys (its secret, once)."""
+    store = ApiKeyStore.from_settings(settings)
+    more = "make more: python -m fleet.keys create --name NAME [--scopes jobs,batches]"
+    if store.any_admin():
+        return [f"on ({len(store.list())} keys in Redis; {more})"]
+    made = store.create("admin", (Scope.ADMIN,))
+    return [
+        f"on; first admin key, shown this once (Redis keeps only its hash): {made.secret}",
+        more,
+    ]
 
 
 def webhook_defaults(settings: Settings, env: dict[str, str]) -> list[str]:
@@ -208,6 +246,8 @@ def wait_ready(
     settings: Settings,
     need_worker: bool,
     notes: Sequence[str] = (),
+    key_notes: Sequence[str] = (),
+    keys_on: bool = False,
     timeout_s: float = 600,
 ) -> None:
     base = f"http://{_display_host(settings)}:{settings.gateway_port}"
@@ -243,8 +283,10 @@ def wait_ready(
         f"{commands.worker_engine(settings, visible_gpus())})",
         f"  webhooks  {commands.webhook_worker_name()}",
         *(f"  webhooks  {note}" for note in notes),
+        *(f"  api keys  {note}" for note in key_notes),
         "  try:      curl -s -H 'Content-Type: application/json' -H 'Prefer: wait=30' "
-        f'-d \'{{"prompt": "Hello"}}\' {base}/v1/jobs',
+        + ("-H 'Authorization: Bearer $FLEET_API_KEY' " if keys_on else "")
+        + f'-d \'{{"prompt": "Hello"}}\' {base}/v1/jobs',
         "Ctrl-C stops everything.",
     ):
         supervisor.say(line)

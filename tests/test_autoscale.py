@@ -26,7 +26,7 @@ def _workers(launcher: Launcher) -> int:
 def test_backlog_scales_up_to_max_then_back_to_min(tmp_path, demo_model_path):
     launcher = Launcher(
         tmp_path, "scale", max_workers=3, min_workers=1, target_backlog_per_worker=20,
-        scale_down_cooldown_s=8, autoscaler_interval_s=0.5, max_batch_size=8,
+        scale_down_cooldown_s=8, autoscaler_interval_s=0.5, max_batch_size=8, auth="off",
     )  # fmt: skip
     timeline: list[tuple[float, str]] = []
     start = time.monotonic()

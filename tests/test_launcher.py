@@ -75,6 +75,11 @@ class Launcher:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def headers(self) -> dict[str, str]:
+        """The first admin key make up printed (keys on), as a client sends it; none if off."""
+        found = re.search(r"first admin key, shown this once.*: (fk-[\w-]+)", self.output())
+        return {"Authorization": f"Bearer {found.group(1)}"} if found else {}
+
     def wait_up(self) -> None:
         def up() -> bool:
             assert self.proc.poll() is None, self.output()[-3000:]
@@ -84,7 +89,8 @@ class Launcher:
 
 
 def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_model_path):
-    fleets = [Launcher(tmp_path, "a"), Launcher(tmp_path, "b")]
+    # a: make up's defaults (API keys on, a first admin key printed); b: AUTH=off
+    fleets = [Launcher(tmp_path, "a"), Launcher(tmp_path, "b", auth="off")]
     try:
         for launcher in fleets:
             launcher.wait_up()
@@ -101,7 +107,7 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
 
             response = requests.post(
                 f"{launcher.base}/v1/jobs", json={"prompt": "Hi", "max_new_tokens": 4},
-                headers={"Prefer": "wait=60"}, timeout=90,
+                headers={"Prefer": "wait=60"} | launcher.headers(), timeout=90,
             )  # fmt: skip
             assert response.status_code == 200 and response.json()["status"] == "succeeded"
             flower = requests.get(
@@ -133,7 +139,7 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
             wait_until(lambda: _ready(restart), 120, f"not ready again after {name} restarted")
             response = requests.post(
                 f"{restart.base}/v1/jobs", json={"prompt": "again", "max_new_tokens": 4},
-                headers={"Prefer": "wait=60"}, timeout=120,
+                headers={"Prefer": "wait=60"} | restart.headers(), timeout=120,
             )  # fmt: skip
             assert response.json().get("status") == "succeeded", (
                 name,
@@ -141,6 +147,7 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
                 response.text,
             )
         children[restart] = _children(restart)
+        _check_api_keys(fleets[0], fleets[1])
 
         fleets[0].proc.send_signal(signal.SIGTERM)
         fleets[1].proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
@@ -159,6 +166,23 @@ def test_two_fleets_side_by_side_start_serve_and_stop_cleanly(tmp_path, demo_mod
                 launcher.proc.kill()
 
 
+def _check_api_keys(keyed: Launcher, open_: Launcher) -> None:
+    """make up turns API keys on and prints a first admin key once; AUTH=off says it is off
+    (and the gateway warns); the key is in no log but make up's own output."""
+    secret = keyed.headers()["Authorization"].removeprefix("Bearer ")
+    assert keyed.output().count(secret) == 1
+    job = {"prompt": "Hi", "max_new_tokens": 2}
+    refused = requests.post(f"{keyed.base}/v1/jobs", json=job, timeout=30)
+    assert refused.status_code == 401 and "WWW-Authenticate" in refused.headers
+    assert "api keys  on; first admin key" in keyed.output()
+    assert "Authorization: Bearer $FLEET_API_KEY" in keyed.output()
+    assert not open_.headers() and "api keys  off (AUTH=off)" in open_.output()
+    assert "REQUIRE_API_KEYS is off" in open_.output()
+    assert requests.post(f"{open_.base}/v1/jobs", json=job, timeout=30).status_code == 202
+    for log in keyed.data_dir.rglob("*.log"):
+        assert secret not in log.read_text(errors="replace"), log
+
+
 ORPHAN_GRACE_S = 5
 # A micro-batch far longer than the grace: its warm drain alone took 79 s (grace 300).
 LONG_TOKENS = 3000
@@ -170,7 +194,7 @@ def test_no_process_outlives_a_supervisor_killed_mid_batch(tmp_path, demo_model_
     grace even in the middle of a long micro-batch."""
     launcher = Launcher(
         tmp_path, "orphans", worker_orphan_grace_s=ORPHAN_GRACE_S, max_batch_size=4,
-        max_new_tokens_limit=LONG_TOKENS,
+        max_new_tokens_limit=LONG_TOKENS, auth="off",
     )  # fmt: skip
     fleet: list[psutil.Process] = []
     try:
