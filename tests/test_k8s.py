@@ -466,6 +466,7 @@ def test_configmap_keys_are_fleet_settings_with_valid_values():
     assert settings.gateway_host == "0.0.0.0"
     assert settings.model
     assert "REDIS_URL" not in data, "it carries the Redis password: each Deployment sets it"
+    assert settings.require_api_keys, "a cluster's gateway answers only requests with a key"
     gateway_ports = {p["containerPort"] for p in _container("Deployment", "gateway")["ports"]}
     assert settings.gateway_port in gateway_ports
 
