@@ -31,6 +31,7 @@ bench: install vllm-env redis-server demo-model
 	$(PY) -m bench.engines
 	$(PY) -m bench.cores
 	$(PY) -m bench.cache
+	$(PY) -m bench.auth
 
 status: install
 	$(PY) -m fleet.status
