@@ -231,14 +231,15 @@ def two_keys(idle_jobs: int) -> dict:
                         time.sleep(0.2)
                     ended[status] += 1
         in_flood = {who: len(ids) for who, ids in accepted.items()}
+        flood_codes = {who: dict(c) for who, c in codes.items()}
         idle: list[float] = []
         single_client(idle, None, idle_jobs)
     return {
         "flood_s": round(flood_s, 1),
         "accepted": in_flood,
-        "codes": {who: dict(c) for who, c in codes.items()},
+        "codes": flood_codes,
         "ended": dict(ended),
-        "lost": sum(len(ids) for ids in accepted.values())
+        "lost": sum(in_flood.values())
         - sum(n for status, n in ended.items() if status in TERMINAL),
         "b_busy_s": {"p50": statistics.median(busy), "p99": percentile(busy, 99), "n": len(busy)},
         "b_idle_s": {"p50": statistics.median(idle), "p99": percentile(idle, 99), "n": len(idle)},

@@ -11,6 +11,7 @@ from gateway.waiting import JobWaiter
 from shared.api_keys import ApiKeyStore
 from shared.batch_store import BatchStore
 from shared.cache import CachePolicy
+from shared.coalesce import Coalescer
 from shared.dead_letters import DeadLetters
 from shared.job_store import JobStore
 from shared.redis_client import connect
@@ -27,16 +28,19 @@ class Fleet:
         self.settings = settings
         self.cache = CachePolicy.from_settings(settings)
         client = connect(settings)
+        # Concurrent requests' submits, key lookups and rate-limit checks share round trips.
+        coalescer = Coalescer(client)
         self.jobs = JobStore.from_settings(settings, client)
-        self.jobs.coalesce_submits()
+        self.jobs.coalesce_submits(coalescer)
         self.keys = self.jobs.keys
         self.batches = BatchStore.from_settings(settings, client)
         self.stats = QueueStats.from_settings(settings, client)
         self.registry = WorkerRegistry.from_settings(settings, client)
         self.backpressure = Backpressure(self.stats, settings.max_queue_depth)
         self.api_keys = ApiKeyStore.from_settings(settings, client)
+        self.api_keys.coalesce_lookups(coalescer)
         self.dead_letters = DeadLetters.from_settings(settings, client)
-        self.rate_limits = RateLimits(client, self.keys, settings)
+        self.rate_limits = RateLimits(client, self.keys, settings, coalescer)
         self.token_refunds = TokenRefunds(
             client, self.keys, self.served_models(), self.api_keys, self.rate_limits
         )

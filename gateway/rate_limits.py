@@ -1,12 +1,13 @@
 """Per-key requests and generated tokens per minute, shared by every gateway process and
 replica through Redis.
 
-The counting is the `limits` library's sliding-window counter (one script per check, in
-Redis, under ``P:limits``). A job is charged its ``max_new_tokens`` when it is submitted;
-when it ends, ``ended()`` in ``lib.lua`` queues what it did not generate on the model's
-``token-refunds`` list, and :class:`TokenRefunds` gives it back (a hit of negative cost:
-the counters are INCRBY). Answers carry the ``RateLimit-Policy`` and ``RateLimit`` headers
-of the IETF draft (draft-ietf-httpapi-ratelimit-headers-11), e.g.
+The counting is the `limits` library's sliding-window counter (its scripts and keys, in
+Redis under ``P:limits``); each check is coalesced with other requests' Redis calls. A
+job is charged its ``max_new_tokens`` when it is submitted; when it ends, ``ended()`` in
+``lib.lua`` queues what it did not generate on the model's ``token-refunds`` list, and
+:class:`TokenRefunds` gives it back (a hit of negative cost: the counters are INCRBY).
+Answers carry the ``RateLimit-Policy`` and ``RateLimit`` headers of the IETF draft
+(draft-ietf-httpapi-ratelimit-headers-11), e.g.
 ``RateLimit-Policy: "requests";q=600;w=60, "tokens";q=200000;w=60`` and
 ``RateLimit: "requests";r=598;t=12``.
 """
@@ -19,6 +20,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from math import inf
 
 import redis
 from limits import RateLimitItemPerMinute
@@ -26,6 +28,7 @@ from limits.storage import RedisStorage
 from limits.strategies import SlidingWindowCounterRateLimiter
 
 from shared.api_keys import ApiKey, ApiKeyStore
+from shared.coalesce import Coalescer, ScriptOp
 from shared.keys import Keys
 from shared.settings import Settings
 
@@ -65,13 +68,21 @@ def headers(standings: list[Standing]) -> dict[str, str]:
 
 
 class RateLimits:
-    def __init__(self, client: redis.Redis, keys: Keys, settings: Settings) -> None:
-        storage = RedisStorage(
+    """Counting is the library's: its sliding-window scripts on its keys. Only the calling
+    is ours: a check (take, then read the window for the headers) goes out as one call of
+    the gateway's :class:`~shared.coalesce.Coalescer`, so that under load many requests'
+    checks share a round trip instead of paying two each."""
+
+    def __init__(
+        self, client: redis.Redis, keys: Keys, settings: Settings, coalescer: Coalescer
+    ) -> None:
+        self.storage = RedisStorage(
             settings.effective_redis_url,
             connection_pool=client.connection_pool,
             key_prefix=keys.rate_limits_prefix(),
         )
-        self.limiter = SlidingWindowCounterRateLimiter(storage)
+        self.limiter = SlidingWindowCounterRateLimiter(self.storage)
+        self.coalescer = coalescer
         self.default_rpm = settings.key_rpm
         self.default_tpm = settings.key_tpm
 
@@ -99,13 +110,38 @@ class RateLimits:
         if not limit:
             return None
         item = RateLimitItemPerMinute(limit)
-        taken = self.limiter.hit(item, key_id, policy, cost=cost)
-        reset, remaining = self.limiter.get_window_stats(item, key_id, policy)
-        reset_s = max(1, math.ceil(reset - time.time()))
+        name = item.key_for(key_id, policy)
+        # The keys and scripts SlidingWindowCounterRateLimiter.hit / get_window_stats use.
+        windows = [
+            self.storage.prefixed_key(self.storage._previous_window_key(name)),
+            self.storage.prefixed_key(self.storage._current_window_key(name)),
+        ]
+        expiry = item.get_expiry()
+        taken, window = self.coalescer.run([
+            ScriptOp(self.storage.lua_acquire_sliding_window, windows, [limit, expiry, cost]),
+            ScriptOp(self.storage.lua_sliding_window, windows, [expiry]),
+        ])  # fmt: skip
+        remaining, reset_s = window_stats(limit, expiry, window)
         if not taken:
             # A cost over the whole quota never fits: say so rather than "retry later".
             raise RateLimited(policy, limit, reset_s if cost <= limit else -1)
         return Standing(policy, limit, remaining, reset_s)
+
+
+def window_stats(limit: int, expiry: int, window: list) -> tuple[int, int]:
+    """(remaining, seconds to the next reset) from the sliding-window script's reply, as
+    SlidingWindowCounterRateLimiter.get_window_stats computes them (tests/test_rate_limits.py
+    holds the two equal)."""
+    previous, previous_ttl = max(0, int(window[0] or 0)), max(0.0, float(window[1] or 0)) / 1000
+    current, current_ttl = max(0, int(window[2] or 0)), max(0.0, float(window[3] or 0)) / 1000
+    remaining = max(0, limit - math.floor(previous * previous_ttl / expiry + current))
+    resets = [inf]
+    if previous:
+        resets.append(previous_ttl % (expiry / previous))
+    if current:
+        resets.append(current_ttl % expiry)
+    reset = min(resets) if previous or current else 0.0
+    return remaining, max(1, math.ceil(reset))
 
 
 class TokenRefunds:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from shared.coalesce import Coalescer
 from shared.redis_client import FleetRedis
 
 SECRET_PREFIX = "fk-"
@@ -96,6 +97,12 @@ class ApiKeyStore(FleetRedis):
     """Keys live fleet-wide (not per model): ``P:api-key:{digest}`` holds one key,
     ``P:api-keys`` maps each key id to its digest (for listing and revoking)."""
 
+    _coalescer: Coalescer | None = None
+
+    def coalesce_lookups(self, coalescer: Coalescer) -> None:
+        """Look keys up in the coalescer's pipelines (a busy gateway: every request does)."""
+        self._coalescer = coalescer
+
     def create(
         self,
         name: str,
@@ -136,7 +143,11 @@ class ApiKeyStore(FleetRedis):
         if not secret.startswith(SECRET_PREFIX) or len(secret) > 128:
             return None
         digest = digest_of(secret)
-        record = self.redis.hgetall(self.keys.api_key(digest))
+        name = self.keys.api_key(digest)
+        if self._coalescer is not None:
+            record = self._coalescer.run([("HGETALL", name)])[0]
+        else:
+            record = self.redis.hgetall(name)
         if "id" not in record:
             return None
         key = _from_record(record, digest)

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from shared.cache import fingerprint as cache_fingerprint
-from shared.coalesce import ScriptCoalescer
+from shared.coalesce import Coalescer
 from shared.idempotency import IDEMPOTENCY_TTL_S, IdempotentResultExpired, replayed_id
 from shared.job_consumer import DEADLINE_ERROR, ensure_job_groups
 from shared.keys import Keys
@@ -49,9 +49,10 @@ class JobStore(FleetRedis):
         self._cancel = load(client, "cancel")
         self._groups: set[str] = set()  # models whose groups this process has made sure of
 
-    def coalesce_submits(self) -> None:
-        """Send this process's concurrent submits as one pipeline (a busy gateway)."""
-        self._submit = ScriptCoalescer(self.redis, self._submit)
+    def coalesce_submits(self, coalescer: Coalescer) -> None:
+        """Send this process's concurrent submits in the coalescer's pipelines (a busy
+        gateway)."""
+        self._submit = coalescer.script(self._submit)
 
     def ensure_groups_once(self, model: str) -> None:
         """Before the first submit: so the lag is known (and KEDA can scale) before any
