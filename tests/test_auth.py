@@ -62,8 +62,9 @@ class Caller:
 def secured(redis_url, demo_model_path, tmp_path_factory):
     logs = tmp_path_factory.mktemp("auth-logs")
     running, worker, gateway = start_fleet(
-        redis_url, logs, PREFIX, require_api_keys=1, metrics_token=METRICS_TOKEN
-    )
+        redis_url, logs, PREFIX, require_api_keys=1, metrics_token=METRICS_TOKEN,
+        cache_enabled=1,
+    )  # fmt: skip
     store = ApiKeyStore(redis.Redis.from_url(redis_url, decode_responses=True), Keys(PREFIX), 60)
     running.store, running.logs = store, logs
     yield running
@@ -168,6 +169,14 @@ def test_an_idempotency_key_belongs_to_the_api_key_that_sent_it(secured):
     assert "Idempotent-Replayed" not in b.headers
     again = first.submit(body, **same_key)
     assert again.headers["Idempotent-Replayed"] == "true" and again.json()["id"] == a.json()["id"]
+
+
+def test_a_key_is_answered_only_from_its_own_cached_results(secured):
+    first, second = make(secured, "cache-a"), make(secured, "cache-b")
+    body = prompt(temperature=0)
+    assert first.submit(body, wait=60).headers["Fleet-Cache"] == "miss"
+    assert second.submit(body, wait=60).headers["Fleet-Cache"] == "miss"  # CACHE_SCOPE=key
+    assert first.submit(body, wait=60).headers["Fleet-Cache"] == "hit"
 
 
 def test_requests_per_minute_with_ratelimit_headers(secured):
