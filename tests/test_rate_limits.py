@@ -1,5 +1,6 @@
 """Per-key limits against a real Redis: the coalesced checks count exactly as the `limits`
-library's own strategy does, refuse past the quota, and give tokens back."""
+library's own strategy does, refuse past the quota, and give tokens back; the scripts'
+per-key cap on unfinished jobs and their refunds of unused tokens."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from limits import RateLimitItemPerMinute
 from gateway.rate_limits import RateLimited, RateLimits, TokenRefunds, headers
 from shared.api_keys import ApiKeyStore
 from shared.coalesce import Coalescer
+from shared.job_store import JobStore, OwnerQueueFull
 from shared.keys import Keys
+from shared.protocol import JobInput
 from shared.settings import Settings
 
 MODEL = "demo/limits"
@@ -83,3 +86,25 @@ def test_a_cost_over_the_whole_quota_never_fits_and_tokens_come_back(setup):
     assert refunds.apply_once() == 50 and refunds.apply_once() == 0
     assert limits.tokens(key, 30).remaining == 40
     assert limits.tokens(store.create("none").key, 10**9) is None  # no limit: not counted
+
+
+def test_the_queue_cap_and_refunds_in_the_scripts(setup):
+    _, _, client, keys = setup
+    jobs = JobStore(client, keys, 60)
+    job = JobInput(prompt="cap", max_new_tokens=40)
+    owned = {"owner": "key_x", "queue_cap": 2, "charged_tokens": 40}
+    first, second = (jobs.submit(MODEL, job, {}, **owned).job for _ in range(2))
+    with pytest.raises(OwnerQueueFull) as full:
+        jobs.submit(MODEL, job, {}, **owned)
+    assert full.value.unfinished == 2
+    assert jobs.submit(MODEL, job, {}, owner="key_y", queue_cap=2).job  # another key
+    jobs.cancel(MODEL, first.id)  # ended: out of the cap, its 40 tokens owed back, once
+    assert client.lrange(keys.token_refunds(MODEL), 0, -1) == ["key_x 40"]
+    assert client.hget(keys.job(MODEL, first.id), "charged") is None
+    third = jobs.submit(MODEL, job, {}, **owned).job
+    # A member whose record is gone (expired) is pruned when the cap is reached.
+    client.delete(keys.job(MODEL, second.id))
+    assert jobs.submit(MODEL, job, {}, **owned).job
+    assert client.smembers(keys.owner_active(MODEL, "key_x")) >= {third.id}
+    assert jobs.get(MODEL, third.id, owner="key_y") is None  # another key's: not found
+    assert jobs.get(MODEL, third.id, owner="key_x") and jobs.get(MODEL, third.id)

@@ -88,6 +88,7 @@ local function ended(job, base, stats, recent, ttl, channel, id)
       if r[6] then used = cjson.decode(r[6])['usage']['completion_tokens'] end
       local unused = tonumber(r[12]) - used
       if unused > 0 then redis.call('RPUSH', refunds_key(base), r[11] .. ' ' .. unused) end
+      redis.call('HDEL', job, 'charged')  -- once: a dead letter queued again ends again
     end
   end
   if r[10] == '1' then
