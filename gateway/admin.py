@@ -1,5 +1,6 @@
-"""``/v1/admin``: API keys and dead letters over HTTP, for keys with the ``admin`` scope
-(the same operations as ``python -m fleet.keys`` and ``python -m fleet.deadletters``)."""
+"""``/v1/admin``: API keys, dead letters and workers over HTTP, for keys with the ``admin``
+scope (the same operations as ``python -m fleet.keys``, ``python -m fleet.deadletters`` and
+``celery -A workers.celery_app control fleet_drain``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from flask import Blueprint, jsonify, request
 from pydantic import BaseModel, ConfigDict, Field
 from spectree import Response
 
+from gateway import worker_control
 from gateway.errors import APIError
 from gateway.extensions import fleet
 from gateway.inputs import json_body
@@ -60,6 +62,25 @@ class Deleted(BaseModel):
     id: str
     object: str
     deleted: bool
+
+
+class Worker(BaseModel):
+    model_config = ConfigDict(extra="allow")  # and what the worker's heartbeat reports
+
+    name: str
+    object: str = "worker"
+    model: str
+
+
+class WorkerList(BaseModel):
+    object: str = "list"
+    data: list[Worker]
+
+
+class Draining(BaseModel):
+    name: str
+    object: str = "worker"
+    state: str
 
 
 class DeadLetter(BaseModel):
@@ -142,6 +163,31 @@ def requeue_dead_letter(letter_id: str):
     except KeyError:
         raise APIError(404, "dead_letter_not_found", f"no dead letter '{letter_id}'") from None
     return jsonify(id=letter_id, object="dead_letter", requeued=entry is not None, entry=entry)
+
+
+@bp.get("/workers")
+@documented(resp=Response(HTTP_200=WorkerList), tags=["admin"])
+def list_workers():
+    """Live workers (a heartbeat within 3 x WORKER_HEARTBEAT_S), with what each reports."""
+    max_age = fleet.settings.worker_max_age_s
+    data = [
+        {"object": "worker", "model": model, **info}
+        for model in fleet.served_models()
+        for info in fleet.registry.workers(model, max_age)
+    ]
+    return jsonify(object="list", data=data)
+
+
+@bp.post("/workers/<name>/drain")
+@documented(resp=Response(HTTP_202=Draining, HTTP_404=ErrorBody), tags=["admin"])
+def drain_worker(name: str):
+    """Drain a worker: it stops reading, finishes and acknowledges its current work, then
+    exits (its supervisor or Deployment may start a new one)."""
+    if not worker_control.drain(name):
+        raise APIError(
+            404, "worker_not_found", f"no worker '{name}' answered; see GET /v1/admin/workers"
+        )
+    return jsonify(name=name, object="worker", state="draining"), 202
 
 
 def _letter(model: str, fields: dict[str, str]) -> dict[str, object]:

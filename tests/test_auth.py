@@ -315,3 +315,18 @@ def test_the_keys_cli_and_no_secret_in_any_log(secured, redis_url):
     for log in secured.logs.iterdir():
         text = log.read_text(errors="replace")
         assert secret not in text and METRICS_TOKEN not in text, log.name
+
+
+def test_an_admin_drains_a_worker_over_http(secured):
+    """Last in this module: it drains the module fleet's only worker."""
+    admin = make(secured, "drainer", ("admin",))
+    workers = admin.get("/v1/admin/workers").json()["data"]
+    assert [w["name"] for w in workers] == [secured.worker] and workers[0]["model"] == MODEL
+    assert admin.post("/v1/admin/workers/nobody@nowhere/drain").status_code == 404
+    assert make(secured).post(f"/v1/admin/workers/{secured.worker}/drain").status_code == 403
+    drained = admin.post(f"/v1/admin/workers/{secured.worker}/drain")
+    assert drained.status_code == 202 and drained.json()["state"] == "draining"
+    deadline = time.monotonic() + 60
+    while admin.get("/v1/admin/workers").json()["data"]:  # it left the registry as it exited
+        assert time.monotonic() < deadline, "the worker did not drain"
+        time.sleep(0.5)
