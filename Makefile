@@ -42,13 +42,15 @@ lint: install
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt requirements-worker.txt
+$(VENV)/.installed: requirements.txt requirements-worker.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 	  || { echo "Python >= 3.11 is needed (found $$($(PYTHON) --version))"; exit 1; }
 	@[ -x $(VENV)/bin/pip ] || $(PYTHON) -m venv $(VENV) 2>/dev/null || { \
 	  echo "installing python3-venv"; $(SUDO) apt-get update -qq; \
 	  $(SUDO) apt-get install -y -qq python3-venv; rm -rf $(VENV); $(PYTHON) -m venv $(VENV); }
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@# The project itself, editable: the `fleet` command (pyproject's [project.scripts]).
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
 vllm-env: $(VLLM_VENV)/.installed

@@ -19,10 +19,10 @@ from shared.dead_letters import DeadLetters
 from shared.settings import get_settings
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m fleet.deadletters") -> int:
     settings = get_settings()
     parser = argparse.ArgumentParser(
-        prog="python -m fleet.deadletters",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

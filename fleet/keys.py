@@ -21,9 +21,9 @@ from shared.api_keys import ApiKeyStore, parse_scopes
 from shared.settings import get_settings
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m fleet.keys") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fleet.keys",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
