@@ -10,6 +10,7 @@ import json
 import re
 
 from flask import request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from gateway.errors import APIError
 
@@ -37,10 +38,20 @@ def json_body(max_bytes: int | None = None, accepted: str = "application/json") 
 
 
 def raw_body(max_bytes: int | None = None) -> bytes:
-    """The body bytes; 413 past ``max_bytes`` (default MAX_REQUEST_BYTES)."""
+    """The body bytes; 413 past ``max_bytes`` (default MAX_REQUEST_BYTES).
+
+    The 413 is an APIError, not werkzeug's: a blueprint's handler tells it in its API's
+    shape (OpenAI's under /openai/v1, where werkzeug's got the native one)."""
     if max_bytes is not None:
         request.max_content_length = max_bytes
-    return request.get_data(cache=False)
+    try:
+        return request.get_data(cache=False)
+    except RequestEntityTooLarge:
+        name = "BATCH_MAX_BYTES" if max_bytes is not None else "MAX_REQUEST_BYTES"
+        raise APIError(
+            413, "request_too_large",
+            f"request body is larger than {request.max_content_length} bytes ({name})",
+        ) from None  # fmt: skip
 
 
 def reject_constant(name: str) -> object:

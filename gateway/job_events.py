@@ -25,14 +25,16 @@ from shared.protocol import Job
 KEEPALIVE_S = 15.0  # a comment this often keeps proxies from closing an idle stream
 READ_BLOCK_MS = 5000  # below the Redis client's socket timeout
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-_ENTRY_ID = re.compile(r"^\d+-\d+$")
+_ENTRY_ID = re.compile(r"[0-9]+-[0-9]+")  # ASCII: \d takes any script's digits
 
 
 def check_last_event_id(value: str | None) -> str:
     """The entry to resume after ("0": from the start); 400 for a malformed id."""
     if value is None or value == "":
         return "0"
-    if not _ENTRY_ID.match(value):
+    # fullmatch: "1-1\n" matched with a trailing newline, and Redis refused it mid-stream.
+    # Each part is an unsigned 64-bit number for Redis.
+    if not _ENTRY_ID.fullmatch(value) or any(int(part) >= 2**64 for part in value.split("-")):
         raise APIError(
             400, "invalid_header", "Last-Event-ID must be the id of an event of this stream",
             param="Last-Event-ID",

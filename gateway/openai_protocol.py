@@ -473,6 +473,83 @@ def _seeds(seed: int | None, n: int, temperature: float) -> list[int | None]:
 
 
 # --- responses ---------------------------------------------------------------------------
+# The shapes the builders below return, as models for the OpenAPI document
+# (:mod:`gateway.openapi`); tests/test_fuzz.py checks every answer against them.
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorBody(BaseModel):
+    """Every error of ``/openai/v1``, as :func:`openai_error` builds it."""
+
+    error: OpenAIErrorDetail
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+    refusal: None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None
+
+
+class ChatCompletion(BaseModel):
+    """``POST /chat/completions`` without ``stream``: :func:`chat_completion`."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: CompletionUsage
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: None
+
+
+class Completion(BaseModel):
+    """``POST /completions`` without ``stream``: :func:`completion`."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+
+
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    """``GET /models``: :func:`models_list`."""
+
+    object: Literal["list"]
+    data: list[OpenAIModel]
 
 
 def new_completion_id(chat: bool) -> str:

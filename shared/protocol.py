@@ -92,8 +92,20 @@ class GenerationParams(Strict_):
         return self
 
 
+# "Exactly one of prompt or messages" in JSON Schema, for the OpenAPI document: null counts
+# as absent, so each branch needs its field present and not null.
+PROMPT_XOR_MESSAGES = {
+    "oneOf": [
+        {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+        {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+    ]
+}
+
+
 class JobInput(GenerationParams):
     """What the worker needs to run a job: the prompt or messages, and the parameters."""
+
+    model_config = ConfigDict(json_schema_extra=PROMPT_XOR_MESSAGES)
 
     prompt: str | None = Field(None, min_length=1, max_length=1_000_000)
     messages: list[Message] | None = Field(None, min_length=1, max_length=512)
@@ -188,7 +200,7 @@ class BatchOptions(Strict_):
 class BatchCreate(BatchOptions):
     """Body of ``POST /v1/batches`` as JSON (documentation; requests are checked one by one)."""
 
-    requests: list[dict[str, Any]] = Field(
+    requests: list[BatchRequest] = Field(
         min_length=1,
         description="The jobs: each has a custom_id, a prompt or messages, and optional "
         "generation fields (max_new_tokens, temperature, top_p, stop, seed).",

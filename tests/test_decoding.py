@@ -20,6 +20,17 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass():
     assert torch.equal(_top_p(probs.clone(), 0.4) > 0, torch.tensor([True, False, False, False]))
 
 
+def test_the_least_top_p_and_temperature_sample_the_most_likely_token():
+    """Found by tests/test_fuzz.py: top_p 5e-324 and a temperature of 1e-300 are valid
+    requests, and made the sampler's probabilities NaN (the job failed)."""
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    assert torch.equal(_top_p(probs.clone(), 5e-324), torch.tensor([1.0, 0.0, 0.0]))
+    scores = torch.tensor([[1.0, 3.0, 2.0], [1.0, 3.0, 2.0]])
+    rows = [row(temperature=1.0, top_p=5e-324, seed=1), row(temperature=1e-300, seed=1)]
+    out = RowSampler(rows, torch.device("cpu"))(torch.zeros(2, 1, dtype=torch.long), scores)
+    assert out.argmax(-1).tolist() == [1, 1]
+
+
 def test_sampler_leaves_greedy_rows_alone_and_forces_sampled_tokens():
     scores = torch.randn(3, 10)
     original = scores.clone()

@@ -107,6 +107,20 @@ def test_unsupported_and_bad_parameters_are_bad_requests(client, model):
         client.chat.completions.create(model="no-such-model", messages=CHAT)
 
 
+def test_an_oversized_body_is_a_413_in_openais_shape(fleet, model):
+    """Found by tests/test_fuzz.py: werkzeug's 413 was told in the native shape here."""
+    big = [{"role": "user", "content": "a" * 600_000}] * 2
+    response = requests.post(
+        fleet.url("/openai/v1/chat/completions"),
+        json={"model": model, "messages": big},
+        timeout=30,
+    )
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "request_too_large"
+    assert "MAX_REQUEST_BYTES" in error["message"]
+
+
 def test_a_full_queue_is_a_rate_limit_error_with_retry_after(redis_url, tmp_path):
     """A gateway with no worker and MAX_QUEUE_DEPTH 1: the second request is refused."""
     port = free_port()

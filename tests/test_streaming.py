@@ -158,6 +158,18 @@ def test_a_malformed_last_event_id_is_a_400(fleet, bad):
     assert response.json()["error"]["param"] == "Last-Event-ID"
 
 
+@pytest.mark.parametrize("bad", ["1-1\n", "\u0661-\u0661", f"{2**64}-0"])
+def test_an_id_redis_would_refuse_is_a_400(fleet, bad):
+    """These passed the check, and a streamed job's events then ended in an error event
+    saying to resume after the very same id."""
+    job = fleet.run({"prompt": "x", "max_new_tokens": 1})
+    response = fleet.http.get(
+        fleet.url(f"/v1/jobs/{job['id']}/events"), params={"last_event_id": bad}, timeout=30
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_header"
+
+
 def test_events_of_an_unknown_job_are_a_404(fleet):
     response = fleet.http.get(fleet.url(f"/v1/jobs/job_{'0' * 32}/events"), timeout=30)
     assert response.status_code == 404

@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessor, StoppingCriteria
 
+# A lower temperature samples as greedy, as vLLM's does: dividing the logits by it would
+# overflow them to inf, and the softmax to NaN.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass
 class RowSettings:
@@ -32,7 +36,7 @@ class RowSampler(LogitsProcessor):
         self.rows = rows
         self.generators: dict[int, torch.Generator] = {}
         for i, row in enumerate(rows):
-            if row.temperature > 0:
+            if row.temperature >= GREEDY_BELOW:
                 gen = torch.Generator(device=device)
                 if row.seed is None:
                     gen.seed()
@@ -54,10 +58,13 @@ class RowSampler(LogitsProcessor):
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p."""
+    """Keep the smallest set of most likely tokens whose mass reaches top_p: at least the
+    most likely one, whatever top_p (one below float32's least is 0.0 on the tensor)."""
     sorted_probs, order = torch.sort(probs, descending=True)
     before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    sorted_probs[before >= top_p] = 0.0
+    dropped = before >= top_p
+    dropped[0] = False
+    sorted_probs[dropped] = 0.0
     kept = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return kept / kept.sum()
 
