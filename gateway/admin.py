@@ -28,13 +28,17 @@ class KeyCreate(BaseModel):
 
     name: str = Field(min_length=1, max_length=100)
     scopes: list[Scope] = Field(default=[Scope.JOBS, Scope.BATCHES], min_length=1)
-    rpm: int | None = Field(None, ge=0, description="Requests per minute (0: none; null: KEY_RPM).")
+    # strict: `false` is not 0 (which would mean no limit)
+    rpm: int | None = Field(
+        None, ge=0, strict=True, description="Requests per minute (0: none; null: KEY_RPM)."
+    )
     tpm: int | None = Field(
-        None, ge=0, description="Generated tokens per minute (0: none; null: KEY_TPM)."
+        None, ge=0, strict=True, description="Generated tokens per minute (0: none; null: KEY_TPM)."
     )
     max_queued: int | None = Field(
-        None, ge=0, description="Unfinished interactive jobs (0: no cap; null: KEY_MAX_QUEUED)."
-    )
+        None, ge=0, strict=True,
+        description="Unfinished interactive jobs (0: no cap; null: KEY_MAX_QUEUED).",
+    )  # fmt: skip
 
 
 class KeyInfo(BaseModel):

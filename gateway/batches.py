@@ -31,7 +31,6 @@ ACCEPTED = "application/json, or application/x-ndjson for JSONL"
     json=BatchCreate,
     resp=Response(
         HTTP_202=Batch,
-        HTTP_200=Batch,
         HTTP_400=ErrorBody,
         HTTP_413=ErrorBody,
         HTTP_415=ErrorBody,
