@@ -6,7 +6,18 @@ import logging
 
 from flask import Flask
 
-from gateway import admin, auth, batches, health, jobs, metrics, openai_routes, openapi
+from gateway import (
+    admin,
+    auth,
+    batches,
+    health,
+    jobs,
+    metrics,
+    openai_batches,
+    openai_files,
+    openai_routes,
+    openapi,
+)
 from gateway.errors import register_error_handlers
 from gateway.extensions import Fleet
 from shared.settings import Settings, get_settings
@@ -22,7 +33,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     Fleet(settings).init_app(app)
     register_error_handlers(app)
     auth.init_app(app)
-    for blueprint in (jobs.bp, batches.bp, openai_routes.bp, admin.bp, health.bp, openapi.bp):
+    apis = (jobs.bp, batches.bp, openai_routes.bp, openai_files.bp, openai_batches.bp)
+    for blueprint in (*apis, admin.bp, health.bp, openapi.bp):
         app.register_blueprint(blueprint)
     metrics.init_app(app)
     openapi.api_spec.register(app)

@@ -25,6 +25,8 @@ SCOPE_OF_BLUEPRINT = {
     "jobs": Scope.JOBS,
     "openai": Scope.JOBS,
     "batches": Scope.BATCHES,
+    "openai_files": Scope.BATCHES,
+    "openai_batches": Scope.BATCHES,
     "admin": Scope.ADMIN,
 }
 ANONYMOUS = ApiKey(id="", name="anonymous", scopes=frozenset({Scope.ADMIN}))

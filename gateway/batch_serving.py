@@ -45,9 +45,13 @@ def create(
     options: BatchOptions,
     idempotency_key: str | None,
     request_fingerprint: str,
+    *,
+    timeout_s: float | None = None,
+    extra: dict[str, str] | None = None,
 ) -> SubmittedBatch:
     """Queue every request of the batch, or none. Greedy or seeded lines use the result
-    cache and follow identical lines: each distinct one is computed once."""
+    cache and follow identical lines: each distinct one is computed once. ``timeout_s`` and
+    ``extra``: see BatchStore.create."""
     model = resolve_model(options.model)
     check_webhook(options.webhook)
     check_room(model, len(requests))
@@ -57,7 +61,7 @@ def create(
             model, requests, options,
             idempotency_key=idempotency_key, fingerprint=request_fingerprint,
             cache_owners=[fleet.cache.owner(r, r.cache and allowed, key.id) for r in requests],
-            owner=key.id,
+            owner=key.id, timeout_s=timeout_s, extra=extra,
         )  # fmt: skip
 
 

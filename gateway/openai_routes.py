@@ -80,17 +80,21 @@ def _complete(kind: type[ChatCompletionRequest] | type[CompletionRequest]):
     return jsonify(openai_serving.respond(choices)), 200, headers
 
 
-@bp.errorhandler(ValidationError)
 def _invalid(exc: ValidationError):
     return jsonify(from_validation_error(exc)), 400
 
 
-@bp.errorhandler(InvalidRequest)
 def _unsupported(exc: InvalidRequest):
     return jsonify(exc.error()), exc.status
 
 
-@bp.errorhandler(APIError)
+def answer_in_openai_shape(blueprint: Blueprint) -> None:
+    """Tell a blueprint's errors in OpenAI's shape (this one's, and the files' and batches')."""
+    blueprint.register_error_handler(ValidationError, _invalid)
+    blueprint.register_error_handler(InvalidRequest, _unsupported)
+    blueprint.register_error_handler(APIError, _api_error)
+
+
 def _api_error(exc: APIError):
     """The fleet's own errors (backpressure, unknown model, bad JSON...) in OpenAI's shape."""
     if isinstance(exc, openai_serving.OpenAIError):
@@ -103,3 +107,6 @@ def _api_error(exc: APIError):
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     body = openai_error(exc.message, kind, exc.extra.get("param"), exc.code)
     return jsonify(body), status, exc.headers
+
+
+answer_in_openai_shape(bp)

@@ -51,12 +51,17 @@ class BatchStore(FleetRedis):
         fingerprint: str = "",
         cache_owners: list[str | None] | None = None,
         owner: str = "",
+        timeout_s: float | None = None,
+        extra: dict[str, str] | None = None,
     ) -> SubmittedBatch:
         """Store every request as a queued job, then queue them all in one atomic step.
 
         ``cache_owners`` holds, per request, whose cached results and running jobs it may
         share (None: not cacheable; see JobStore.submit): repeated lines compute once.
-        ``owner``, the API key creating it, owns the batch and each of its jobs."""
+        ``owner``, the API key creating it, owns the batch and each of its jobs.
+        ``timeout_s`` gives every request a deadline (queued past it, it expires; running
+        past it, it is stopped); ``extra`` fields go in the batch's record (another API's
+        view of it, such as shared.openai_batches)."""
         keys = self.keys
         idem = keys.batch_idempotency(model, idempotency_key, owner) if idempotency_key else None
         if idem and (prior := self.redis.get(idem)):
@@ -76,8 +81,8 @@ class BatchStore(FleetRedis):
                 sharers[start : start + WRITE_CHUNK],
                 strict=True,
             ):
-                extra = common | {"custom_id": request.custom_id}
-                record = new_record(job_id, model, request, {}, extra=extra, now=now)
+                fields = common | {"custom_id": request.custom_id}
+                record = new_record(job_id, model, request, {}, timeout_s, fields, now)
                 if sharer is not None:  # commit_batch looks it up, and keeps it if it leads
                     record["cache_fp"] = cache_fingerprint(record["input"], sharer)
                 pipe.hset(keys.job(model, job_id), mapping=record)
@@ -87,7 +92,7 @@ class BatchStore(FleetRedis):
             batch_id, model, len(requests), options.metadata,
             webhook_fields(options.webhook, options.events()) | ({"owner": owner} if owner else {}),
             now,
-        )  # fmt: skip
+        ) | (extra or {})  # fmt: skip
         script_keys = [
             keys.stream(model, Lane.BATCH),
             keys.batch(model, batch_id),

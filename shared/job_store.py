@@ -19,7 +19,7 @@ from shared.coalesce import Coalescer
 from shared.idempotency import IDEMPOTENCY_TTL_S, IdempotentResultExpired, replayed_id
 from shared.job_consumer import DEADLINE_ERROR, ensure_job_groups
 from shared.keys import Keys
-from shared.protocol import Job, JobInput, new_job_id
+from shared.protocol import Job, JobError, JobInput, new_job_id
 from shared.records import job_from_record, new_record, terminal_fields
 from shared.redis_client import FleetRedis
 from shared.scripts import load, pairs
@@ -164,9 +164,11 @@ class JobStore(FleetRedis):
         )  # fmt: skip
         return self.get(model, job_id) if status else None
 
-    def end_queued(self, model: str, job_ids: list[str], status: JobStatus) -> None:
-        """End those of these jobs that are still queued (a batch's cancel sweep)."""
-        fields = terminal_fields(status=status)
+    def end_queued(
+        self, model: str, job_ids: list[str], status: JobStatus, error: JobError | None = None
+    ) -> None:
+        """End those of these jobs that are still queued (a batch's cancel or expiry sweep)."""
+        fields = terminal_fields(status=status, error=error)
         pipe = self.redis.pipeline(transaction=False)
         for job_id in job_ids:
             self._end(model, job_id, JobStatus.QUEUED, fields, client=pipe)

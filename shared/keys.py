@@ -26,7 +26,8 @@ One model's keys (tag ``{m}``)::
                                       cache:{hits,misses,coalesced,evictions,expired,bytes}
     P:{m}:recent              list    the last 1000 ended jobs, "completed_at latency status"
     P:{m}:batch:{id}          hash    one batch (shared.records); expires RESULT_TTL_S after
-                                      it completes or is cancelled
+                                      it completes or is cancelled; one made through
+                                      /openai/v1 has openai_* fields too (shared.openai_batches)
     P:{m}:batch-jobs:{id}     list    the batch's job ids, in input order
     P:{m}:batch-results:{id}  list    one JSONL result line per ended request, in end order
     P:{m}:tokens:{id}         stream  a streaming job's text as it is generated: {type: token,
@@ -59,6 +60,12 @@ Fleet-wide::
     P:api-keys                        hash     key id -> digest, of every key
     P:limits/...                      (limits) per-key request and token counters, written by
                                                the `limits` library
+    P:file:{id}                       hash     one uploaded file (shared.file_store): its
+                                               bytes and metadata; expires FILES_TTL_S after
+                                               upload
+    P:files:{owner}                   zset     file id -> created_at, of one API key's files
+    P:openai-batches:{owner}          zset     batch id -> created_at, of the batches one API key
+                                               made through /openai/v1 (its list)
 
     P:job-finished                    channel  job ids, published when a job ends
     P:{webhooks}:webhook:{id}         hash     one webhook delivery (webhooks.store)
@@ -155,6 +162,15 @@ class Keys:
 
     def api_keys(self) -> str:
         return f"{self.prefix}:api-keys"
+
+    def file(self, file_id: str) -> str:
+        return f"{self.prefix}:file:{file_id}"
+
+    def files(self, owner: str) -> str:
+        return f"{self.prefix}:files:{owner}"
+
+    def openai_batches(self, owner: str) -> str:
+        return f"{self.prefix}:openai-batches:{owner}"
 
     def rate_limits_prefix(self) -> str:
         """The `limits` library's key_prefix."""

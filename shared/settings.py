@@ -211,6 +211,21 @@ class Settings(BaseSettings):
         ge=1,
         description="Batch requests queued (unread + running) above which a new batch gets 429.",
     )
+    files_ttl_s: int = Field(
+        86_400,
+        ge=60,
+        description="Seconds an uploaded file (POST /openai/v1/files) is kept, then 404. Files "
+        "live in Redis, which every gateway replica shares (DATA_DIR is per pod); a batch "
+        "copies its requests when it is created and never reads its input file again.",
+    )
+    files_max_bytes: int = Field(
+        104_857_600, ge=1024, description="Largest uploaded file (413); as BATCH_MAX_BYTES."
+    )
+    openai_batch_short_windows: bool = Field(
+        False,
+        description="Testing only: an OpenAI batch's completion_window may also be 'Ns' (N "
+        "seconds, 1 to 3600), so that expiry can be tested. Never set it in production.",
+    )
     # --- API keys and per-key limits ----------------------------------------------------
     require_api_keys: bool = Field(
         False,

@@ -128,7 +128,7 @@ def start_fleet(redis_url: str, logs: Path, prefix: str, **settings: object):
     def ready() -> bool:
         try:
             return requests.get(base + "/readyz", timeout=2).status_code == 200
-        except requests.ConnectionError:
+        except requests.RequestException:  # refused, or a read timeout while workers boot
             return False
 
     wait_until(ready, 300, "fleet did not become ready", worker, gateway)

@@ -44,8 +44,10 @@ def enqueue_event(
     delivery_id: str | None = None,
     owner: str | None = None,
     check_url: bool = True,
+    envelope: dict[str, Any] | None = None,
 ) -> str:
     """Send ``{type, timestamp, data}`` to ``url``, signed; return the delivery id.
+    ``envelope``, when given, is sent instead, whole (an OpenAI-shaped event).
 
     A given ``delivery_id`` makes the call idempotent: the delivery is created once, and a
     repeated call only re-sends the first attempt's task (which runs at most once).
@@ -63,7 +65,7 @@ def enqueue_event(
         raise ValueError("data must be a JSON object (dict)")
     if check_url:
         ssrf.check_url(url, settings.webhook_allow_private)
-    event = {"type": event_type, "timestamp": rfc3339(time.time()), "data": data}
+    event = envelope or {"type": event_type, "timestamp": rfc3339(time.time()), "data": data}
     try:
         payload = json.dumps(event, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:

@@ -22,6 +22,7 @@ from shared.batch_store import BatchStore
 from shared.consumer import StreamConsumer, ensure_group
 from shared.job_store import JobStore
 from shared.keys import EVENTS_GROUP, Keys
+from shared.openai_batch_store import OpenAIBatchStore
 from shared.settings import Settings
 from webhooks.deliveries import WebhookConfigError, enqueue_event
 
@@ -45,6 +46,7 @@ class EventDispatcher:
         self.consumer = StreamConsumer(client, EVENTS_GROUP, consumer)
         self.jobs = JobStore.from_settings(settings, client)
         self.batches = BatchStore.from_settings(settings, client)
+        self.openai_batches = OpenAIBatchStore.from_settings(settings, client)
         self._stop = threading.Event()
         self._next_claim = 0.0
 
@@ -75,16 +77,25 @@ class EventDispatcher:
                 self._stop.wait(5)
 
     def dispatch(self, stream: str, entry_id: str, fields: dict[str, str]) -> None:
-        """Make the event's delivery (once), then ack and delete the event."""
-        data = self._object(self.streams[stream], fields["id"])
+        """Make the event's delivery (once), then ack and delete the event. A batch made
+        through /openai/v1 sends OpenAI's event instead (shared.openai_batches)."""
+        model, delivery_id = self.streams[stream], delivery_id_for(stream, entry_id)
+        event_type, envelope = fields["type"], None
+        if fields["id"].startswith("batch_"):
+            event_id = "evt_" + delivery_id.removeprefix("msg_")
+            envelope = self.openai_batches.webhook_event(model, fields["id"], event_id)
+        if envelope is not None:
+            event_type, data = envelope["type"], envelope["data"]
+        else:
+            data = self._object(model, fields["id"])
         if data is None:
             log.warning("event %s: %s is gone; not sent", fields["type"], fields["id"])
         else:
             try:
                 enqueue_event(
-                    fields["url"], fields["type"], data, self.settings,
-                    delivery_id=delivery_id_for(stream, entry_id),
-                    owner=fields["id"], check_url=False,
+                    fields["url"], event_type, data, self.settings,
+                    delivery_id=delivery_id, owner=fields["id"], check_url=False,
+                    envelope=envelope,
                 )  # fmt: skip
             except ValueError as exc:  # too big, or not JSON: it can never be sent
                 log.error("event %s for %s not sent: %s", fields["type"], fields["id"], exc)

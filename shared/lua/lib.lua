@@ -56,6 +56,7 @@ local function batch_request_ended(base, batch_id, status, id, custom_id, output
   if redis.call('EXISTS', batch) == 0 then return end  -- expired long ago
   local results = batch_results_key(base, batch_id)
   redis.call('HINCRBY', batch, BATCH_COUNTER[status], 1)
+  if status == JOB.EXPIRED then redis.call('HINCRBY', batch, 'expired', 1) end  -- of failed
   redis.call('RPUSH', results, '{"custom_id":' .. cjson.encode(custom_id) .. ',"job_id":"'
     .. id .. '","status":"' .. status .. '","output":' .. (output or 'null')
     .. ',"error":' .. (err or 'null') .. '}')
