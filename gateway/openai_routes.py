@@ -8,10 +8,12 @@ is told in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, 
 
 from __future__ import annotations
 
+import logging
 import time
 
+import redis
 from flask import Blueprint, Response, jsonify, stream_with_context
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from spectree import Response as Spec
 
 from gateway import openai_serving
@@ -23,21 +25,19 @@ from gateway.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     InvalidRequest,
+    OpenAIErrorBody,
     from_validation_error,
     models_list,
     openai_error,
 )
 from gateway.openapi import documented
 
+log = logging.getLogger(__name__)
 bp = Blueprint("openai", __name__, url_prefix="/openai/v1")
 STARTED = int(time.time())
 
 _TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
           429: "rate_limit_error"}  # fmt: skip
-
-
-class OpenAIErrorBody(BaseModel):
-    error: dict
 
 
 @bp.post("/chat/completions")
@@ -93,6 +93,8 @@ def answer_in_openai_shape(blueprint: Blueprint) -> None:
     blueprint.register_error_handler(ValidationError, _invalid)
     blueprint.register_error_handler(InvalidRequest, _unsupported)
     blueprint.register_error_handler(APIError, _api_error)
+    blueprint.register_error_handler(redis.ConnectionError, _redis_down)
+    blueprint.register_error_handler(redis.TimeoutError, _redis_down)
 
 
 def _api_error(exc: APIError):
@@ -107,6 +109,15 @@ def _api_error(exc: APIError):
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
     body = openai_error(exc.message, kind, exc.extra.get("param"), exc.code)
     return jsonify(body), status, exc.headers
+
+
+def _redis_down(exc: redis.RedisError):
+    """As the app's own handler (errors.py) says it, in OpenAI's shape: the SDK retries."""
+    log.warning("redis error: %s", exc)
+    return _api_error(
+        APIError(503, "queue_unavailable", "the job store is unreachable; retry shortly",
+                 headers={"Retry-After": "2"})
+    )  # fmt: skip
 
 
 answer_in_openai_shape(bp)

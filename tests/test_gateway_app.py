@@ -13,7 +13,7 @@ from gateway import create_app
 from shared.job_consumer import JobConsumer
 from shared.protocol import Output, Usage
 from shared.records import terminal_fields
-from shared.settings import Settings
+from shared.settings import DEMO_MODEL_ID, Settings
 from shared.states import JobStatus
 
 
@@ -64,6 +64,10 @@ def test_redis_down_is_503_not_500():
     ready = client.get("/readyz")
     assert ready.status_code == 503 and "redis" in ready.get_json()["reason"]
     assert client.get("/healthz").status_code == 200
+    chat = {"model": DEMO_MODEL_ID, "messages": [{"role": "user", "content": "x"}]}
+    openai = client.post("/openai/v1/chat/completions", json=chat)  # in OpenAI's shape
+    assert openai.status_code == 503 and openai.headers["Retry-After"]
+    assert openai.get_json()["error"]["type"] == "server_error"
 
 
 def test_max_new_tokens_default_is_capped_by_the_limit(redis_url):
