@@ -32,6 +32,7 @@ bench: install vllm-env redis-server demo-model
 	$(PY) -m bench.cores
 	$(PY) -m bench.cache
 	$(PY) -m bench.auth
+	$(PY) -m bench.openai_batch
 
 status: install
 	$(PY) -m fleet.status
