@@ -12,13 +12,13 @@ HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 VLLM_REQUIREMENTS := $(if $(HAS_GPU),requirements-vllm.txt,requirements-vllm-cpu.txt)
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: up test bench lint status install vllm-env redis-server promtool demo-model clean
+.PHONY: up test bench lint status install vllm-env redis-server promtool chromium demo-model clean
 
 up: install $(if $(REDIS_URL),,redis-server) $(if $(MODEL),,demo-model) \
     $(if $(filter vllm,$(ENGINE)),vllm-env)
 	$(PY) -m fleet.up
 
-test: install vllm-env redis-server promtool demo-model
+test: install vllm-env redis-server promtool chromium demo-model
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install vllm-env redis-server demo-model
@@ -69,6 +69,13 @@ $(VLLM_VENV)/.installed: $(VLLM_REQUIREMENTS) requirements-worker.txt \
 redis-server:
 	@command -v redis-server >/dev/null || { echo "installing redis-server"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq redis-server; }
+
+# The console's browser tests (tests/test_console.py) drive Debian's headless Chromium
+# through Debian's chromedriver; nothing downloads a browser of its own.
+chromium:
+	@command -v chromedriver >/dev/null && command -v chromium >/dev/null || { \
+	  echo "installing chromium"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium chromium-driver; }
 
 promtool:
 	@command -v promtool >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; }

@@ -10,6 +10,8 @@ from gateway import (
     admin,
     auth,
     batches,
+    console,
+    fleet_view,
     health,
     jobs,
     metrics,
@@ -34,7 +36,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     register_error_handlers(app)
     auth.init_app(app)
     apis = (jobs.bp, batches.bp, openai_routes.bp, openai_files.bp, openai_batches.bp)
-    for blueprint in (*apis, admin.bp, health.bp, openapi.bp):
+    for blueprint in (*apis, admin.bp, health.bp, openapi.bp, fleet_view.bp, console.bp):
         app.register_blueprint(blueprint)
     metrics.init_app(app)
     openapi.api_spec.register(app)
