@@ -139,7 +139,8 @@ def window_stats(limit: int, expiry: int, window: list) -> tuple[int, int]:
     if previous:
         resets.append(previous_ttl % (expiry / previous))
     if current:
-        resets.append(current_ttl % expiry)
+        # A window just made has 2 x expiry to live: its remainder 0 is a whole window.
+        resets.append(current_ttl % expiry or expiry)
     reset = min(resets) if previous or current else 0.0
     return remaining, max(1, math.ceil(reset))
 

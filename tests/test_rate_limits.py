@@ -32,6 +32,12 @@ def setup(redis_url):
     return limits, ApiKeyStore(client, keys, 60), client, keys
 
 
+def same_reset(ours: int, library_s: float) -> bool:
+    """Equal to the second, or a whole window apart: at a window's exact start the library's
+    remainder wraps to 0 (``ttl % expiry``), where ours says the whole window."""
+    return min(abs(ours - library_s), abs(abs(ours - library_s) - 60)) <= 1
+
+
 def library_stats(limits: RateLimits, limit: int, key_id: str, policy: str) -> tuple[int, float]:
     reset, remaining = limits.limiter.get_window_stats(
         RateLimitItemPerMinute(limit), key_id, policy
@@ -45,7 +51,7 @@ def test_requests_count_down_to_a_429_as_the_library_counts(setup):
     standings = [limits.request(key) for _ in range(5)]
     assert [s.remaining for s in standings] == [4, 3, 2, 1, 0]
     remaining, reset_in = library_stats(limits, 5, key.id, "requests")
-    assert remaining == 0 and abs(standings[-1].reset_s - reset_in) <= 1
+    assert remaining == 0 and same_reset(standings[-1].reset_s, reset_in)
     with pytest.raises(RateLimited) as refused:
         limits.request(key)
     assert refused.value.policy == "requests" and 1 <= refused.value.retry_after_s <= 60
@@ -67,8 +73,10 @@ def test_after_the_window_moves_the_previous_one_is_weighted_as_the_library_does
     client.pexpire(current, 30_000)
     standing = limits.tokens(key, 100)
     remaining, reset_in = library_stats(limits, 1000, key.id, "tokens")
-    assert standing.remaining == remaining and 590 < remaining <= 601  # 1000 - 600 / 2 - 100
-    assert abs(standing.reset_s - reset_in) <= 1
+    # 1000 - 600 x (its time left: about half) - 100; read a moment apart, the weighted
+    # count may have slipped by one
+    assert abs(standing.remaining - remaining) <= 1 and 590 < remaining <= 601
+    assert same_reset(standing.reset_s, reset_in)
 
 
 def test_a_cost_over_the_whole_quota_never_fits_and_tokens_come_back(setup):
