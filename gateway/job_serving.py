@@ -13,6 +13,7 @@ from gateway.inputs import cache_allowed
 from gateway.serving import check_webhook, idempotency_errors, resolve_model
 from shared.idempotency import fingerprint
 from shared.job_store import OwnerQueueFull, Submitted
+from shared.owner_index import UnknownCursor
 from shared.protocol import Job, JobCreate, is_job_id
 from shared.records import webhook_fields
 from shared.states import DEFAULT_JOB_EVENTS, JobStatus
@@ -81,6 +82,18 @@ def check_room(model: str) -> None:
             f"{fleet.settings.max_queue_depth}); retry after {full.retry_after_s} s",
             headers={"Retry-After": str(full.retry_after_s)},
         ) from None  # fmt: skip
+
+
+def recent(after: str | None, limit: int) -> tuple[list[Job], bool]:
+    """The caller's recent jobs, newest first (without keys: every job made without one);
+    400 for an ``after`` that is not one of them."""
+    model = fleet.settings.served_model
+    try:
+        return fleet.jobs.recent(model, auth.caller().id, after, limit)
+    except UnknownCursor:
+        raise APIError(
+            400, "invalid_request", f"'after': no job '{after}' among yours", param="after"
+        ) from None
 
 
 def find(job_id: str) -> Job:

@@ -13,7 +13,7 @@ from gateway import job_serving
 from gateway.inputs import idempotency_key, json_body, prefer_wait
 from gateway.job_events import HEADERS, check_last_event_id, job_events, sse
 from gateway.openapi import DeliveryList, ErrorBody, documented
-from shared.protocol import Job, JobCreate
+from shared.protocol import Job, JobCreate, JobList, JobListQuery
 
 bp = Blueprint("jobs", __name__, url_prefix="/v1/jobs")
 
@@ -65,6 +65,25 @@ def create_job():
     if submitted.cache:
         response.headers["Fleet-Cache"] = submitted.cache
     return response
+
+
+@bp.get("")
+@documented(
+    query=JobListQuery, resp=Response(HTTP_200=JobList, HTTP_400=ErrorBody, HTTP_422=ErrorBody),
+    tags=["jobs"],
+)  # fmt: skip
+def list_jobs():
+    """Your recent jobs, newest first: those your API key submitted (with keys off, every
+    job submitted without one), at most the last 1000, each kept RESULT_TTL_S. `limit`
+    (1-100, default 20) a page; `after` the last id of the page before. A batch's jobs are
+    in its results, not here."""
+    query = JobListQuery.model_validate(request.args.to_dict())
+    jobs, more = job_serving.recent(query.after, query.limit)
+    page = JobList(
+        data=jobs, has_more=more,
+        first_id=jobs[0].id if jobs else None, last_id=jobs[-1].id if jobs else None,
+    )  # fmt: skip
+    return current_app.response_class(page.model_dump_json(), mimetype="application/json")
 
 
 @bp.post("/<job_id>/cancel")

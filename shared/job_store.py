@@ -8,7 +8,7 @@ or follow an identical one as it is submitted (:mod:`shared.cache`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from shared.coalesce import Coalescer
 from shared.idempotency import IDEMPOTENCY_TTL_S, IdempotentResultExpired, replayed_id
 from shared.job_consumer import DEADLINE_ERROR, ensure_job_groups
 from shared.keys import Keys
+from shared.owner_index import OwnerIndex
 from shared.protocol import Job, JobError, JobInput, new_job_id
 from shared.records import job_from_record, new_record, terminal_fields
 from shared.redis_client import FleetRedis
@@ -117,6 +118,21 @@ class JobStore(FleetRedis):
         if prior is None:
             raise IdempotentResultExpired(prior_id)
         return Submitted(prior, replayed=True)
+
+    def recent(
+        self, model: str, owner: str, after: str | None, limit: int
+    ) -> tuple[list[Job], bool]:
+        """One API key's recent jobs ('' : the jobs made without keys), newest first, a page
+        after job ``after``; and whether more follow. UnknownCursor for a bad ``after``."""
+        index = OwnerIndex(self.redis, lambda o: self.keys.jobs_of(model, o), self.result_ttl_s)
+
+        def load(ids: Sequence[str]) -> list[Job | None]:
+            pipe = self.redis.pipeline(transaction=False)
+            for job_id in ids:
+                pipe.hgetall(self.keys.job(model, job_id))
+            return [job_from_record(r) if r else None for r in pipe.execute()]
+
+        return index.page(owner, after, limit, load)
 
     def read_tokens(
         self,

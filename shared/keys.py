@@ -47,6 +47,8 @@ One model's keys (tag ``{m}``)::
                                       sets it as it loads the model)
     P:{m}:active:{owner}      set     the unfinished interactive jobs of one API key with a
                                       queue cap (KEY_MAX_QUEUED): submit.lua counts them
+    P:{m}:jobs-of:{owner}     zset    the last RECENT_JOBS_KEPT interactive jobs of one API key
+                                      ('' without keys) by creation time: GET /v1/jobs
     P:{m}:token-refunds       list    "owner tokens" per ended job charged to a key's tokens per
                                       minute: the unused part of its max_new_tokens, for the
                                       gateway to give back (gateway.rate_limits)
@@ -80,6 +82,7 @@ from shared.states import Lane
 
 JOBS_GROUP = "workers"  # the consumer group of both job streams
 EVENTS_GROUP = "webhooks"  # the consumer group of the events outbox
+RECENT_JOBS_KEPT = 1000  # per API key, listed by GET /v1/jobs
 _WEBHOOKS = "{webhooks}"  # the hash tag of every webhook delivery key
 
 
@@ -111,6 +114,9 @@ class Keys:
 
     def owner_active(self, model: str, owner: str) -> str:
         return f"{self.base(model)}active:{owner}"
+
+    def jobs_of(self, model: str, owner: str) -> str:
+        return f"{self.base(model)}jobs-of:{owner}"
 
     def token_refunds(self, model: str) -> str:
         return self.base(model) + "token-refunds"

@@ -263,6 +263,23 @@ class Job(BaseModel):
     urls: dict[str, str] = Field(default_factory=dict)
 
 
+class JobList(BaseModel):
+    """A page of GET /v1/jobs, as OpenAI's list pages are."""
+
+    object: Literal["list"] = "list"
+    data: list[Job]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class JobListQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(20, ge=1, le=100, description="Jobs in a page.")
+    after: str | None = Field(None, description="The last job id of the page before.")
+
+
 class RequestCounts(BaseModel):
     total: int
     completed: int = Field(description="Requests that succeeded.")

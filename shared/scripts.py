@@ -19,6 +19,7 @@ import redis
 from redis.commands.core import Script
 
 from shared.cache import CACHE_ENTRY_OVERHEAD, INFLIGHT_TTL_S
+from shared.keys import RECENT_JOBS_KEPT
 from shared.states import (
     BATCH_COUNTER,
     EVENT_OF_BATCH_END,
@@ -71,6 +72,7 @@ def constants() -> str:
         "BUCKETS": [[bound, bucket_name(bound)] for bound in LATENCY_BUCKETS],
         "INFLIGHT_TTL_S": INFLIGHT_TTL_S,
         "CACHE_ENTRY_OVERHEAD": CACHE_ENTRY_OVERHEAD,
+        "RECENT_JOBS_KEPT": RECENT_JOBS_KEPT,
     }
     return "".join(f"local {name} = {_lua(value)}\n" for name, value in values.items())
 

@@ -159,6 +159,21 @@ def test_what_a_key_made_is_a_404_to_another_key_and_visible_to_admins(secured):
     assert other.post(f"/v1/batches/{batch['id']}/cancel").status_code == 404
 
 
+def test_a_key_lists_its_own_recent_jobs_newest_first(secured):
+    mine, theirs = make(secured, "lister"), make(secured, "other-lister")
+    made = [mine.submit(prompt()).json()["id"] for _ in range(5)]
+    theirs.submit(prompt())
+    first = mine.get("/v1/jobs", params={"limit": 3}).json()
+    assert [job["id"] for job in first["data"]] == made[::-1][:3]
+    assert first["has_more"] and first["last_id"] == made[2]
+    rest = mine.get("/v1/jobs", params={"limit": 3, "after": first["last_id"]}).json()
+    assert [job["id"] for job in rest["data"]] == made[1::-1] and not rest["has_more"]
+    assert not set(made) & {job["id"] for job in theirs.get("/v1/jobs").json()["data"]}
+    bad = mine.get("/v1/jobs", params={"after": made[0][:-1] + "x"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "after"
+    assert mine.get("/v1/jobs", params={"limit": 0}).status_code == 422
+
+
 def test_an_idempotency_key_belongs_to_the_api_key_that_sent_it(secured):
     first, second = make(secured, "idem-a"), make(secured, "idem-b")
     body, same_key = prompt(), {"Idempotency-Key": f"order-{uuid.uuid4().hex}"}

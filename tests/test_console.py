@@ -175,7 +175,10 @@ def test_an_echoed_prompt_is_text_not_html(page, console):
     play(page, XSS, 4)
     wait(page, lambda d: text(d, "play-status") == "succeeded")
     job_id = text(page, "play-job-id")
+    # The key's recent jobs come from the server (GET /v1/jobs), not from this tab alone.
+    elsewhere = console.submit({"prompt": "from another client", "max_new_tokens": 2})
     tab(page, "jobs")
+    wait(page, lambda d: d.find_elements(By.LINK_TEXT, elsewhere.json()["id"]))
     page.find_element(By.LINK_TEXT, job_id).click()
     wait(page, lambda d: XSS in text(d, "job-input"))
     assert "succeeded" in text(page, "job-facts")

@@ -278,7 +278,8 @@ def names_keys_gives(keys: Keys, ids: set[str], fingerprints: list[str]) -> set[
         keys.stream(MODEL, lane) for lane in ("interactive", "batch")
     }
     names |= {keys.idempotency(MODEL, "k1", "key_t"), keys.batch_idempotency(MODEL, "k2"),
-              keys.owner_active(MODEL, "key_t"), keys.token_refunds(MODEL)}  # fmt: skip
+              keys.owner_active(MODEL, "key_t"), keys.token_refunds(MODEL),
+              keys.jobs_of(MODEL, "key_t"), keys.jobs_of(MODEL, "")}  # fmt: skip
     for one in ids:
         names |= {keys.job(MODEL, one), keys.batch(MODEL, one), keys.batch_jobs(MODEL, one),
                   keys.batch_results(MODEL, one), keys.webhook(one), keys.webhook_owner(one),

@@ -27,6 +27,7 @@ local function followers_key(base, id) return base .. 'followers:' .. id end
 local function version_key(base) return base .. 'model-version' end
 local function active_key(base, owner) return base .. 'active:' .. owner end
 local function refunds_key(base) return base .. 'token-refunds' end
+local function jobs_of_key(base, owner) return base .. 'jobs-of:' .. owner end
 
 -- One observation of a histogram kept in the stats hash (buckets are not cumulative).
 local function observe(stats, name, value)

@@ -28,6 +28,10 @@ local entry = nil
 if outcome == 'lead' then entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1]) end
 redis.call('HSET', KEYS[2], unpack(ARGV, 11))
 if cap > 0 then redis.call('SADD', active_key(base, owner), ARGV[1]) end
+local listed = jobs_of_key(base, owner)  -- its key's recent jobs (GET /v1/jobs)
+redis.call('ZADD', listed, ARGV[6], ARGV[1])
+redis.call('ZREMRANGEBYRANK', listed, 0, -RECENT_JOBS_KEPT - 1)
+redis.call('EXPIRE', listed, ARGV[7])
 if KEYS[4] then
   redis.call('SET', KEYS[4], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[3])
 end

@@ -4,7 +4,6 @@
 
 const KEY_ITEM = "fleet.apiKey";
 const BATCHES_ITEM = "fleet.batches";
-const JOBS_ITEM = "fleet.jobs";
 const TERMINAL = new Set(["succeeded", "failed", "canceled", "expired"]);
 const BATCH_DONE = new Set(["completed", "cancelled", "failed", "expired"]);
 
@@ -240,8 +239,6 @@ function setPlayJob(id) {
   play.jobId = id;
   $("play-job-id").textContent = id;
   $("play-cancel").disabled = false;
-  remember(JOBS_ITEM, id);
-  renderRecentJobs();
 }
 
 async function cancelPlayground() {
@@ -272,18 +269,28 @@ async function loadModels() {
 
 // ---- Jobs -------------------------------------------------------------------------------
 
-function renderRecentJobs() {
+// Your API key's recent jobs (GET /v1/jobs: newest first), read as the tab opens.
+async function renderRecentJobs() {
   const list = $("job-recent");
+  let jobs;
+  try {
+    jobs = (await apiJson("/v1/jobs?limit=20")).data;
+  } catch (err) {
+    list.replaceChildren(el("li", `recent jobs: ${err.message}`, "error"));
+    return;
+  }
   list.replaceChildren();
-  for (const id of storedList(JOBS_ITEM)) {
+  for (const job of jobs) {
     const item = el("li");
-    const link = el("a", id);
+    const link = el("a", job.id);
     link.href = "#jobs";
-    link.addEventListener("click", (event) => { event.preventDefault(); $("job-id").value = id; lookUpJob(); });
-    item.append(link);
+    link.addEventListener("click", (event) => { event.preventDefault(); $("job-id").value = job.id; lookUpJob(); });
+    item.append(link, el("span", ` ${job.status} · ${job.created_at}`, "note"));
     list.append(item);
   }
 }
+
+tabHooks.jobs = (visible) => { if (visible) renderRecentJobs(); };
 
 async function lookUpJob(event) {
   if (event) event.preventDefault();
@@ -649,7 +656,6 @@ function start() {
   $("job-form").addEventListener("submit", lookUpJob);
   setUpDrop();
   showKeyLabel();
-  renderRecentJobs();
   const tab = location.hash.slice(1);
   showTab(["playground", "jobs", "batches", "fleet"].includes(tab) ? tab : "playground");
   loadModels();
