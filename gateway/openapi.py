@@ -435,6 +435,7 @@ def _scopes(path: str) -> list[str]:
 # spectree documents a 422 on every route; these are the ones that answer it.
 ANSWERS_422 = {
     ("post", "/v1/jobs"),
+    ("get", "/v1/jobs"),
     ("post", "/v1/batches"),
     ("post", "/v1/admin/keys"),
     ("get", "/v1/admin/dead_letters"),
