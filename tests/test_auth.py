@@ -337,6 +337,9 @@ def test_an_admin_drains_a_worker_over_http(secured):
     admin = make(secured, "drainer", ("admin",))
     workers = admin.get("/v1/admin/workers").json()["data"]
     assert [w["name"] for w in workers] == [secured.worker] and workers[0]["model"] == MODEL
+    live = workers[0]  # as the worker's last heartbeat told it
+    assert live["state"] in ("idle", "busy") and float(live["tokens_per_s"]) >= 0
+    assert int(live["jobs_succeeded"]) > 0  # the module's earlier tests ran jobs on it
     assert admin.post("/v1/admin/workers/nobody@nowhere/drain").status_code == 404
     assert make(secured).post(f"/v1/admin/workers/{secured.worker}/drain").status_code == 403
     drained = admin.post(f"/v1/admin/workers/{secured.worker}/drain")

@@ -226,6 +226,7 @@ def test_the_fleet_page_shows_a_worker_and_a_moving_backlog(page, console):
     tab(page, "fleet")
     wait(page, lambda d: d.find_elements(By.CSS_SELECTOR, "#workers-table .worker-row"))
     assert console.worker in text(page, "workers-table")
+    assert "idle" in text(page, "workers-table") or "busy" in text(page, "workers-table")
     wait(page, lambda d: live_text(d, "fleet-ready-workers") == "1")
     body = "".join(
         json.dumps({"custom_id": f"f{i}", "prompt": f"fleet {uuid.uuid4().hex}",

@@ -60,13 +60,26 @@ class Heartbeat:
         with contextlib.suppress(redis.RedisError):  # else the record expires on its own
             self.registry.leave(self.model, self.worker)
 
+    def live(self) -> dict[str, str]:
+        """What changes between beats: busy or idle, and the last minute's tokens/s while
+        generating (the console's and GET /v1/admin/workers' view of the worker)."""
+        stats = self.loop.stats
+        return {
+            "state": "busy" if self.loop.busy_since is not None else "idle",
+            "tokens_per_s": str(stats.tokens_per_second()),
+            "jobs_succeeded": str(stats.jobs_succeeded),
+            "jobs_failed": str(stats.jobs_failed),
+        }
+
     def _run(self) -> None:
         next_beat = 0.0
         while not self._stop.wait(CANCEL_POLL_S):
             try:
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.interval_s
-                    self.registry.heartbeat(self.model, self.worker, self.info, self.max_age_s)
+                    self.registry.heartbeat(
+                        self.model, self.worker, self.info | self.live(), self.max_age_s
+                    )
                     self.jobs.touch(self.model, self.worker, self.loop.in_flight)
                 self.loop.watch_cancels()
             except redis.RedisError as exc:

@@ -578,7 +578,8 @@ async function loadWorkers() {
       const row = el("tr");
       row.className = "worker-row";
       const loaded = w.loaded_at ? new Date(Number(w.loaded_at) * 1000).toLocaleTimeString() : "";
-      for (const v of [w.name, w.model, w.device ?? "", w.engine ?? "", w.quantization ?? "", loaded]) row.append(el("td", v));
+      const cells = [w.name, w.model, w.state ?? "", w.tokens_per_s ?? "", w.device ?? "", w.engine ?? "", w.quantization ?? "", loaded];
+      for (const v of cells) row.append(el("td", v));
       body.append(row);
     }
   } catch (err) {
