@@ -145,7 +145,8 @@ def first_admin_key(settings: Settings) -> list[str]:
         return [f"on ({len(store.list())} keys in Redis; {more})"]
     made = store.create("admin", (Scope.ADMIN,))
     return [
-        f"on; first admin key, shown this once (Redis keeps only its hash): {made.secret}",
+        "on; the first admin key, shown this once (Redis keeps only its hash):",
+        f"export FLEET_API_KEY={made.secret}",
         more,
     ]
 

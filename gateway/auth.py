@@ -92,8 +92,8 @@ def _authenticate() -> None:
     if secret is None:
         raise APIError(
             401, "missing_api_key",
-            "this fleet needs an API key: send 'Authorization: Bearer <key>' "
-            "(an operator makes one with: python -m fleet.keys create --name NAME)",
+            "this fleet needs an API key: send 'Authorization: Bearer <key>' (make up prints "
+            "the first one; an operator makes more: python -m fleet.keys create --name NAME)",
             headers={"WWW-Authenticate": _CHALLENGE},
         )  # fmt: skip
     key = fleet.api_keys.authenticate(secret)

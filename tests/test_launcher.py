@@ -77,7 +77,7 @@ class Launcher:
 
     def headers(self) -> dict[str, str]:
         """The first admin key make up printed (keys on), as a client sends it; none if off."""
-        found = re.search(r"first admin key, shown this once.*: (fk-[\w-]+)", self.output())
+        found = re.search(r"export FLEET_API_KEY=(fk-[\w-]+)", self.output())
         return {"Authorization": f"Bearer {found.group(1)}"} if found else {}
 
     def wait_up(self) -> None:
@@ -174,7 +174,7 @@ def _check_api_keys(keyed: Launcher, open_: Launcher) -> None:
     job = {"prompt": "Hi", "max_new_tokens": 2}
     refused = requests.post(f"{keyed.base}/v1/jobs", json=job, timeout=30)
     assert refused.status_code == 401 and "WWW-Authenticate" in refused.headers
-    assert "api keys  on; first admin key" in keyed.output()
+    assert "api keys  on; the first admin key" in keyed.output()
     assert "Authorization: Bearer $FLEET_API_KEY" in keyed.output()
     assert not open_.headers() and "api keys  off (AUTH=off)" in open_.output()
     assert "REQUIRE_API_KEYS is off" in open_.output()
