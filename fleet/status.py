@@ -7,7 +7,6 @@ from the queue's own records of the last ended jobs.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 
@@ -17,7 +16,7 @@ from shared.redis_client import connect
 from shared.registry import WorkerRegistry
 from shared.settings import Settings, get_settings
 from shared.states import LANES
-from shared.stats import QueueStats
+from shared.stats import QueueStats, recent_jobs
 
 WINDOW_S = 300
 
@@ -62,16 +61,15 @@ def render(
         )
     lines.append(f"  dead letters: {stats.dead_letter_count(model)}")
     lines.append("  " + cache_line(stats.counters(model)))
-    recent = [(t, lat, s) for t, lat, s in stats.recent(model) if t > now - WINDOW_S]
-    last_minute = [r for r in recent if r[0] > now - 60]
+    rows = stats.recent(model)
+    last_minute, recent = recent_jobs(rows, now, 60), recent_jobs(rows, now, WINDOW_S)
     lines.append(
-        f"  throughput: {len(last_minute) / 60:.2f} interactive jobs/s over the last minute"
+        f"  throughput: {last_minute.jobs_per_second:.2f} interactive jobs/s over the last minute"
     )
-    if len(recent) >= 2:
-        cuts = statistics.quantiles([lat for _, lat, _ in recent], n=100)
+    if recent.jobs >= 2:
         lines.append(
-            f"  latency (last {WINDOW_S // 60} min, {len(recent)} jobs): "
-            f"p50 {cuts[49]:.2f}s  p95 {cuts[94]:.2f}s"
+            f"  latency (last {WINDOW_S // 60} min, {recent.jobs} jobs): "
+            f"p50 {recent.latency_p50_s:.2f}s  p95 {recent.latency_p95_s:.2f}s"
         )
     else:
         lines.append(f"  latency: too few jobs in the last {WINDOW_S // 60} min")

@@ -13,7 +13,9 @@ from shared.batch_store import BatchStore
 from shared.cache import CachePolicy
 from shared.coalesce import Coalescer
 from shared.dead_letters import DeadLetters
+from shared.file_store import FileStore
 from shared.job_store import JobStore
+from shared.openai_batch_store import OpenAIBatchStore
 from shared.redis_client import connect
 from shared.registry import WorkerRegistry
 from shared.settings import Settings
@@ -40,6 +42,10 @@ class Fleet:
         self.api_keys = ApiKeyStore.from_settings(settings, client)
         self.api_keys.coalesce_lookups(coalescer)
         self.dead_letters = DeadLetters.from_settings(settings, client)
+        # OpenAI's Files and Batch API: uploads are bytes (a pool that does not decode).
+        raw = connect(settings, decode_responses=False)
+        self.files = FileStore(client, raw, self.keys, settings.files_ttl_s)
+        self.openai_batches = OpenAIBatchStore(client, self.keys, settings.result_ttl_s)
         self.rate_limits = RateLimits(client, self.keys, settings, coalescer)
         self.token_refunds = TokenRefunds(
             client, self.keys, self.served_models(), self.api_keys, self.rate_limits

@@ -7,7 +7,6 @@ jobs, summed up over the last minute. Any valid key may read it (it names no job
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from flask import Blueprint, jsonify
@@ -17,6 +16,7 @@ from spectree import Response
 from gateway.extensions import fleet
 from gateway.openapi import ErrorBody, documented
 from shared.states import LANES
+from shared.stats import recent_jobs
 
 bp = Blueprint("fleet_view", __name__)
 WINDOW_S = 60
@@ -80,19 +80,16 @@ def _model(model: str, now: float) -> ModelFleet:
 
 
 def _recent(rows: list[tuple[float, float, str]], now: float) -> Recent:
-    window = [(latency, status) for at, latency, status in rows if at > now - WINDOW_S]
-    latencies = sorted(latency for latency, _ in window)
-    p50 = p95 = None
-    if len(latencies) >= 2:
-        cuts = statistics.quantiles(latencies, n=100, method="inclusive")
-        p50, p95 = round(cuts[49], 4), round(cuts[94], 4)
-    elif latencies:
-        p50 = p95 = round(latencies[0], 4)
+    summary = recent_jobs(rows, now, WINDOW_S)
     return Recent(
         window_s=WINDOW_S,
-        jobs=len(window),
-        jobs_per_second=round(len(window) / WINDOW_S, 4),
-        failed=sum(1 for _, status in window if status != "succeeded"),
-        latency_p50_s=p50,
-        latency_p95_s=p95,
+        jobs=summary.jobs,
+        jobs_per_second=round(summary.jobs_per_second, 4),
+        failed=summary.failed,
+        latency_p50_s=_rounded(summary.latency_p50_s),
+        latency_p95_s=_rounded(summary.latency_p95_s),
     )
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 4)

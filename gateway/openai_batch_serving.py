@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from flask import Flask, current_app, request
+from flask import request
 from werkzeug.datastructures import FileStorage
 
 from gateway import auth, batch_serving
@@ -42,38 +42,18 @@ from gateway.openai_batch_protocol import (
     window_of,
 )
 from gateway.openai_protocol import InvalidRequest, chat_completion, completion
-from gateway.openai_serving import OpenAIError, _failure
+from gateway.openai_serving import OpenAIError, failure
 from shared import openai_batches as ob
-from shared.file_store import FileStore, is_file_id
+from shared.file_store import is_file_id
 from shared.idempotency import fingerprint
-from shared.openai_batch_store import OpenAIBatchStore, Record
+from shared.openai_batch_store import Record
 from shared.owner_index import UnknownCursor
 from shared.protocol import BatchOptions, Job, JobError, Output, is_batch_id
-from shared.redis_client import connect
 from shared.states import JobStatus
 
 FORM_OVERHEAD_BYTES = 65_536  # multipart boundaries and the other fields, past the file
 PURPOSES = ("batch",)
 EXPIRES_AFTER_MIN_S = 3600  # as OpenAI's
-
-
-def init_app(app: Flask) -> None:
-    """The file and batch stores (once per app; both blueprints call it)."""
-    if "openai_files" in app.extensions:
-        return
-    settings = app.extensions["fleet"].settings
-    keys, client = app.extensions["fleet"].keys, app.extensions["fleet"].jobs.redis
-    raw = connect(settings, decode_responses=False)
-    app.extensions["openai_files"] = FileStore(client, raw, keys, settings.files_ttl_s)
-    app.extensions["openai_batches"] = OpenAIBatchStore(client, keys, settings.result_ttl_s)
-
-
-def _files() -> FileStore:
-    return current_app.extensions["openai_files"]
-
-
-def _batches() -> OpenAIBatchStore:
-    return current_app.extensions["openai_batches"]
 
 
 def _not_found(kind: str, object_id: str) -> OpenAIError:
@@ -110,7 +90,7 @@ def upload() -> dict[str, Any]:
             "unsupported_value",
         )  # fmt: skip
     content = _read(uploaded, limit)
-    meta = _files().create(
+    meta = fleet.files.create(
         auth.caller().id, uploaded.filename or "file.jsonl", purpose, content, _expires_after()
     )
     return _uploaded_object(meta)
@@ -161,7 +141,7 @@ def file_meta(file_id: str) -> dict[str, Any]:
             file_id, f"{record['id']}_{kind}.jsonl", "batch_output",
             summary[f"{kind}_bytes"], ended, ended + fleet.settings.result_ttl_s,
         )  # fmt: skip
-    meta = _files().get(file_id, auth.visible_owner()) if is_file_id(file_id) else None
+    meta = fleet.files.get(file_id, auth.visible_owner()) if is_file_id(file_id) else None
     if meta is None:
         raise _not_found("file", file_id)
     return _uploaded_object(meta)
@@ -172,7 +152,7 @@ def file_content(file_id: str) -> Iterator[bytes]:
     if generated is not None:
         model, record, kind = _generated(file_id, *generated)
         return (line.encode() for line in _lines(model, record, kind))
-    content = _files().content(file_id, auth.visible_owner()) if is_file_id(file_id) else None
+    content = fleet.files.content(file_id, auth.visible_owner()) if is_file_id(file_id) else None
     if content is None:
         raise _not_found("file", file_id)
     return iter([content])
@@ -182,8 +162,8 @@ def delete_file(file_id: str) -> dict[str, Any]:
     generated = parse_generated_file_id(file_id)
     if generated is not None:
         model, record, kind = _generated(file_id, *generated)
-        _batches().delete_file(model, record["id"], kind)
-    elif not (is_file_id(file_id) and _files().delete(file_id, auth.visible_owner())):
+        fleet.openai_batches.delete_file(model, record["id"], kind)
+    elif not (is_file_id(file_id) and fleet.files.delete(file_id, auth.visible_owner())):
         raise _not_found("file", file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 
@@ -195,7 +175,7 @@ def list_files(args: dict[str, str]) -> dict[str, Any]:
     if order not in ("asc", "desc"):
         raise InvalidRequest("order", "order must be 'asc' or 'desc'")
     try:
-        metas, more = _files().page(
+        metas, more = fleet.files.page(
             auth.caller().id, args.get("after"), limit, order == "desc", args.get("purpose")
         )
     except UnknownCursor:
@@ -248,14 +228,14 @@ def _line(model: str, chat: bool, created: int, result: dict, status: JobStatus)
             cid, created, model, [job]
         )  # fmt: skip
         return output_line(job_id, custom_id, 200, body)
-    failure = _failure(job)  # the status and body /chat/completions would have answered
-    return output_line(job_id, custom_id, failure.status, failure.openai_body())
+    answer = failure(job)  # the status and body /chat/completions would have answered
+    return output_line(job_id, custom_id, answer.status, answer.openai_body())
 
 
 def _summary(model: str, record: Record) -> dict[str, Any]:
     """Sizes of the ended batch's files and its usage: computed from its results on the
     first read after it ended, then kept in its record."""
-    summary = _batches().summary(record)
+    summary = fleet.openai_batches.summary(record)
     if summary is not None:
         return summary
     sizes = {OUTPUT: 0, ERRORS: 0}
@@ -272,7 +252,7 @@ def _summary(model: str, record: Record) -> dict[str, Any]:
         "errors_bytes": sizes[ERRORS],
         "usage": usage_of(prompt_tokens, completion_tokens),
     }
-    _batches().save_summary(model, record, summary)
+    fleet.openai_batches.save_summary(model, record, summary)
     return summary
 
 
@@ -287,8 +267,8 @@ def create(raw: dict[str, Any]) -> dict[str, Any]:
     window_s = window_of(body, settings.openai_batch_short_windows)
     file_id = body.input_file_id
     owner = auth.visible_owner()
-    meta = _files().get(file_id, owner) if is_file_id(file_id) else None
-    content = _files().content(file_id, owner) if meta is not None else None
+    meta = fleet.files.get(file_id, owner) if is_file_id(file_id) else None
+    content = fleet.files.content(file_id, owner) if meta is not None else None
     if meta is None or content is None:
         raise _not_found("file", file_id)
     if meta["purpose"] != "batch":
@@ -306,13 +286,13 @@ def create(raw: dict[str, Any]) -> dict[str, Any]:
         timeout_s=window_s, extra=extra,
     )  # fmt: skip
     batch_id = submitted.batch.id
-    record = _batches().get(parsed.model, batch_id)
+    record = fleet.openai_batches.get(parsed.model, batch_id)
     if record is None:  # a replayed Idempotency-Key named a native batch
         raise OpenAIError(
             409, f"Idempotency-Key names batch {batch_id}, made through /v1/batches",
             "invalid_request_error", "idempotency_key_reused",
         )  # fmt: skip
-    _batches().add(auth.caller().id, batch_id, float(record["created_at"]))
+    fleet.openai_batches.add(auth.caller().id, batch_id, float(record["created_at"]))
     return _object(parsed.model, record)
 
 
@@ -325,7 +305,7 @@ def list_batches(args: dict[str, str]) -> dict[str, Any]:
     limit = _limit(args, default=20, most=100)
     model = fleet.settings.served_model
     try:
-        records, more = _batches().page(model, auth.caller().id, args.get("after"), limit)
+        records, more = fleet.openai_batches.page(model, auth.caller().id, args.get("after"), limit)
     except UnknownCursor:
         raise InvalidRequest("after", f"no batch '{args.get('after')}' to list after") from None
     return cursor_list([_object(model, r) for r in records], more)
@@ -339,7 +319,7 @@ def cancel(batch_id: str) -> dict[str, Any]:
     if status in ob.ENDED:
         raise InvalidRequest(None, f"batch {batch_id} is already {status}", "batch_already_ended")
     fleet.batches.cancel(model, batch_id)
-    return _object(model, _batches().get(model, batch_id) or record)
+    return _object(model, fleet.openai_batches.get(model, batch_id) or record)
 
 
 def _find(batch_id: str) -> tuple[str, Record]:
@@ -348,9 +328,9 @@ def _find(batch_id: str) -> tuple[str, Record]:
     if is_batch_id(batch_id):
         owner = auth.visible_owner()
         for model in fleet.served_models():
-            record = _batches().get(model, batch_id, owner)
+            record = fleet.openai_batches.get(model, batch_id, owner)
             if record is not None:
-                return model, _batches().expire_if_due(model, record)
+                return model, fleet.openai_batches.expire_if_due(model, record)
     raise _not_found("batch", batch_id)
 
 

@@ -20,7 +20,6 @@ from gateway.openapi import documented
 from shared.openai_batches import OpenAIBatchStatus
 
 bp = Blueprint("openai_batches", __name__, url_prefix="/openai/v1/batches")
-bp.record_once(lambda state: serving.init_app(state.app))
 answer_in_openai_shape(bp)
 
 

@@ -23,7 +23,6 @@ from gateway.openai_routes import OpenAIErrorBody, answer_in_openai_shape
 from gateway.openapi import documented
 
 bp = Blueprint("openai_files", __name__, url_prefix="/openai/v1/files")
-bp.record_once(lambda state: serving.init_app(state.app))
 answer_in_openai_shape(bp)
 
 

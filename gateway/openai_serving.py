@@ -100,7 +100,7 @@ def respond(choices: Choices) -> dict[str, Any]:
     jobs = [_wait(job) for job in choices.jobs]
     for job in jobs:
         if job.status != JobStatus.SUCCEEDED:
-            raise _failure(job)
+            raise failure(job)
     choices.jobs = jobs
     builder = chat_completion if choices.chat else completion
     extra = {} if choices.chat else {"n": choices.request.n}
@@ -158,7 +158,7 @@ def stream(choices: Choices) -> Iterator[str]:
                 elif kind == "end":
                     job = fleet.jobs.get(choices.model, job_id)
                     if job is None or job.status != JobStatus.SUCCEEDED:
-                        yield sse(_failure(job).openai_body())
+                        yield sse(failure(job).openai_body())
                         return
                     ended[job_id] = job
                     reason = job.output.finish_reason if job.output else "stop"
@@ -219,7 +219,7 @@ class OpenAIError(APIError):
         return openai_error(self.message, self.type, None, self.code)
 
 
-def _failure(job: Job | None) -> OpenAIError:
+def failure(job: Job | None) -> OpenAIError:
     if job is None:
         return OpenAIError(500, "the job's record is gone", "server_error")
     if job.error is not None:

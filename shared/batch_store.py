@@ -68,9 +68,9 @@ class BatchStore(FleetRedis):
             return self._replay(model, prior, fingerprint)
         self.jobs.ensure_groups_once(model)
         batch_id, now = new_batch_id(), time.time()
+        owned = {"owner": owner} if owner else {}  # the batch's and each of its jobs'
         common = {"batch": batch_id, **webhook_fields(options.webhook, options.job_events())}
-        if owner:
-            common["owner"] = owner
+        common |= owned
         job_ids = [new_job_id() for _ in requests]
         sharers = cache_owners or [None] * len(requests)
         for start in range(0, len(requests), WRITE_CHUNK):
@@ -90,9 +90,8 @@ class BatchStore(FleetRedis):
             pipe.execute()
         record = new_batch_record(
             batch_id, model, len(requests), options.metadata,
-            webhook_fields(options.webhook, options.events()) | ({"owner": owner} if owner else {}),
-            now,
-        ) | (extra or {})  # fmt: skip
+            webhook_fields(options.webhook, options.events()), now,
+        ) | owned | (extra or {})  # fmt: skip
         script_keys = [
             keys.stream(model, Lane.BATCH),
             keys.batch(model, batch_id),

@@ -8,6 +8,7 @@ autoscaler.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -89,6 +90,35 @@ class QueueStats(FleetRedis):
 
     def dead_letter_count(self, model: str) -> int:
         return self.redis.xlen(self.keys.dead_letters(model))
+
+
+@dataclass(frozen=True)
+class RecentJobs:
+    """The interactive jobs that ended within a window: ``make status`` and GET /v1/fleet."""
+
+    window_s: float
+    jobs: int
+    failed: int
+    latency_p50_s: float | None  # None: no job ended in the window
+    latency_p95_s: float | None
+
+    @property
+    def jobs_per_second(self) -> float:
+        return self.jobs / self.window_s
+
+
+def recent_jobs(rows: list[tuple[float, float, str]], now: float, window_s: float) -> RecentJobs:
+    """Summarise :meth:`QueueStats.recent`'s rows that ended in the last ``window_s``."""
+    window = [(latency, status) for at, latency, status in rows if at > now - window_s]
+    latencies = sorted(latency for latency, _ in window)
+    p50 = p95 = None
+    if len(latencies) >= 2:
+        cuts = statistics.quantiles(latencies, n=100, method="inclusive")
+        p50, p95 = cuts[49], cuts[94]
+    elif latencies:
+        p50 = p95 = latencies[0]
+    failed = sum(1 for _, status in window if status != "succeeded")
+    return RecentJobs(window_s, len(window), failed, p50, p95)
 
 
 def entry_time(entry_id: str) -> float:
